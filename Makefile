@@ -1,0 +1,54 @@
+# diffrank: `make train` and `make test` install on a fresh machine when needed.
+SHELL := /bin/bash
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export OMP_NUM_THREADS ?= 2
+export HF_HUB_OFFLINE ?= 1
+export WANDB_MODE ?= offline
+
+.PHONY: help install train test test-slow test-all bench lint format report clean clean-outputs
+
+help:  ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.14.1 torchvision==0.29.1
+	$(BIN)/python -m pip install -q -e ".[dev,sweep]"
+	touch $(STAMP)
+
+install: $(STAMP)  ## create .venv (Python 3.11, torch 2.14.1) and install diffrank with the dev extra
+
+train: $(STAMP)  ## run the default experiment: operator=sinkhorn pk=half_top5 on digits100 (real data)
+	$(BIN)/python train.py $(ARGS)
+
+test: $(STAMP)  ## the default test suite (not slow, not gpu), under 15 minutes on 2 cores
+	$(BIN)/python -m pytest -m "not slow and not gpu" $(ARGS)
+
+test-slow: $(STAMP)  ## the slow tests (all sizes, sweeps, full experiments)
+	$(BIN)/python -m pytest -m "slow and not gpu" $(ARGS)
+
+test-all: $(STAMP)  ## every test that runs on this machine
+	$(BIN)/python -m pytest -m "not gpu" $(ARGS)
+
+bench: $(STAMP)  ## benchmark tables: ours vs the peer libraries (time, peak memory)
+	$(BIN)/python scripts/benchmark_operators.py $(ARGS)
+
+report: $(STAMP)  ## compare every results.json under outputs/ with the papers' tables
+	$(BIN)/python scripts/compare_to_paper.py outputs $(ARGS)
+
+lint: $(STAMP)  ## ruff
+	$(BIN)/ruff check .
+
+format: $(STAMP)  ## ruff format + fixes
+	$(BIN)/ruff check --fix . && $(BIN)/ruff format .
+
+clean:  ## remove caches (keeps .venv and outputs)
+	rm -rf .pytest_cache .ruff_cache build *.egg-info src/*.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+clean-outputs:  ## remove Hydra run folders
+	rm -rf outputs

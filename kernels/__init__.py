@@ -1,0 +1,1 @@
+"""Triton kernels for the relaxed operators, installed as ``diffrank.kernels``."""

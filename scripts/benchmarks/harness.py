@@ -1,0 +1,156 @@
+"""Timing and peak-memory measurement shared by the benchmark suites.
+
+Time: median wall time of ``repeats`` calls after ``warmup`` calls (CUDA synchronised).
+Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` above the memory held before the call;
+on the CPU the process's peak resident set (``VmHWM``, reset through ``/proc/self/clear_refs``)
+above the resident set before the call — it counts every allocation the call makes, ours and
+the peers' alike, so ratios are fair.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Measurement:
+    """One benchmark cell: median seconds and peak extra bytes of one call (``nan`` if it failed)."""
+
+    seconds: float
+    peak_bytes: float
+    error: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def _status_kib(key: str) -> int:
+    with open("/proc/self/status") as f:
+        return int(re.search(rf"{key}:\s+(\d+)", f.read()).group(1))
+
+
+def _reset_peak_rss() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def measure(fn: Callable[[], object], device: str = "cpu", repeats: int = 3, warmup: int = 1,
+            max_seconds: float = 60.0) -> Measurement:
+    """Time ``fn()`` and record its peak extra memory.
+
+    Args:
+        fn: a closure that does the whole measured work (e.g. forward + backward).
+        device: ``"cpu"`` or ``"cuda"``.
+        repeats: timed calls (fewer when one call already exceeds ``max_seconds / repeats``).
+        warmup: untimed calls first (skipped when a call is slow).
+        max_seconds: time budget of the cell.
+
+    Returns:
+        :class:`Measurement`; on an exception (e.g. out of memory) ``seconds = nan`` and ``error`` set.
+    """
+    cuda = device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    try:
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        else:
+            ok = _reset_peak_rss()
+            base = _status_kib("VmRSS") * 1024
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        first = time.perf_counter() - t0
+        peak = (torch.cuda.max_memory_allocated() - base) if cuda else (
+            _status_kib("VmHWM") * 1024 - base if ok else float("nan"))
+        times = [first]
+        if first * (repeats + warmup) < max_seconds:
+            for _ in range(warmup):
+                fn()
+            sync()
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                fn()
+                sync()
+                times.append(time.perf_counter() - t0)
+        return Measurement(statistics.median(times), float(max(peak, 0)))
+    except Exception as e:  # noqa: BLE001 - a failing peer (OOM, dtype) is a table cell, not a crash
+        return Measurement(float("nan"), float("nan"), error=f"{type(e).__name__}: {e}"[:80])
+
+
+def fwd_bwd(op: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> Callable[[], None]:
+    """A closure running ``op(x)`` forward and backward through ``sum(out * g)`` with a fixed random g."""
+    g_cache: dict = {}
+
+    def run() -> None:
+        xx = x.detach().requires_grad_(True)
+        out = op(xx)
+        if "g" not in g_cache:
+            g_cache["g"] = torch.randn_like(out)
+        (out * g_cache["g"]).sum().backward()
+
+    return run
+
+
+def fmt_time(s: float) -> str:
+    """Seconds as a short string (µs / ms / s)."""
+    if s != s:
+        return "fail"
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} µs"
+    if s < 1:
+        return f"{s * 1e3:.1f} ms"
+    return f"{s:.2f} s"
+
+
+def fmt_bytes(b: float) -> str:
+    """Bytes as a short string (KB / MB / GB)."""
+    if b != b:
+        return "n/a"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if b >= scale:
+            return f"{b / scale:.1f} {unit}"
+    return f"{b:.0f} B"
+
+
+def print_table(title: str, rows: list[dict]) -> None:
+    """Print rows (dicts with the same keys) as a rich table; values are printed as given."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    if not rows:
+        Console().print(table)
+        return
+    for key in rows[0]:
+        table.add_column(str(key), justify="right" if key not in ("operator", "reference", "note") else "left")
+    for r in rows:
+        table.add_row(*[str(v) for v in r.values()])
+    Console(width=200).print(table)
+
+
+def compare_row(label: str, params: dict, ours: Measurement, ref: Measurement | None, ref_name: str) -> dict:
+    """One table row: ours vs a reference, with time and memory ratios (reference / ours)."""
+    row = {"operator": label, **params, "ours time": fmt_time(ours.seconds), "ours peak": fmt_bytes(ours.peak_bytes)}
+    if ref is not None:
+        row.update({
+            "reference": ref_name,
+            "ref time": fmt_time(ref.seconds) if not ref.error else f"fail ({ref.error[:30]})",
+            "ref peak": fmt_bytes(ref.peak_bytes),
+            "speed-up": f"{ref.seconds / ours.seconds:.1f}x" if ref.seconds == ref.seconds else "-",
+            "mem ratio": (f"{ref.peak_bytes / ours.peak_bytes:.1f}x"
+                          if ref.peak_bytes == ref.peak_bytes and ours.peak_bytes > 0 else "-"),
+        })
+    return row

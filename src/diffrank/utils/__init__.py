@@ -1,0 +1,1 @@
+"""Small helpers: config lookup, instantiation, results files."""
