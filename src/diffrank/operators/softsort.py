@@ -1,0 +1,52 @@
+"""SoftSort (Prillo & Eisenschlos, ICML 2020), top rows only.
+
+P[r, j] = softmax_j(-|s̃_r - s_j| / τ) with s̃ the scores sorted in descending order
+(Prillo & Eisenschlos 2020, Eq. 3 with d = |·|; Petersen et al. 2022 §2.3). τ = 1/β.
+Only the k rows asked for are formed: the top-k values come from ``torch.topk`` (O(n log k)),
+so time and memory are O(B · k · n) rather than difftopk's O(B · n²).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from diffrank.operators.base import RankingOperator
+
+
+class SoftSort(RankingOperator):
+    """SoftSort relaxed permutation, rows = ranks (rank 1 = largest).
+
+    Args:
+        beta: inverse temperature β = 1/τ; > 0.
+        power: exponent of the distance |s̃_r - s_j| (Prillo & Eisenschlos use 1; difftopk's ``pow``).
+
+    Shapes: ``forward(scores (B, n), k)`` → ``(B, k or n, n)``; rows sum to 1, columns ≈ 1.
+
+    Raises:
+        ValueError: for beta <= 0 or power <= 0; see :class:`RankingOperator` for input errors.
+    """
+
+    doubly_stochastic: ClassVar[bool] = False
+    permutation_equivariant: ClassVar[bool] = True
+    hard_beta: ClassVar[float] = 100.0
+
+    def __init__(self, beta: float = 1.0, power: float = 1.0) -> None:
+        super().__init__(beta)
+        if not power > 0:
+            raise ValueError(f"power must be > 0, got {power}")
+        self.power = float(power)
+
+    def relaxed_permutation(self, scores: Tensor, k: int | None) -> Tensor:
+        """Top ``k`` (or all n) rows of the SoftSort matrix (Prillo & Eisenschlos 2020, Eq. 3)."""
+        r = scores.shape[-1] if k is None else k
+        top = scores.topk(r, dim=-1, sorted=True).values  # (B, r), descending
+        dist = (top.unsqueeze(-1) - scores.unsqueeze(1)).abs()
+        if self.power != 1.0:
+            dist = dist.pow(self.power)
+        return torch.softmax(-self.beta * dist, dim=-1)
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, power={self.power}"
