@@ -106,7 +106,8 @@ class TopKCrossEntropyLoss(nn.Module):
         if self.p_k.k_max > n:
             raise ValueError(f"P_K puts mass on k = {self.p_k.k_max} > n = {n} classes")
         if self.m is not None and self.m > n:
-            raise ValueError(f"m-subset size m = {self.m} exceeds the number of classes n = {n}")
+            raise ValueError(f"m-subset size m = {self.m} exceeds the number of classes n = {n} "
+                             "(set loss.m=null to rank all classes)")
         if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()
         if self.m is not None:

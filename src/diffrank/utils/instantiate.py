@@ -5,6 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import hydra.utils
+from hydra.errors import InstantiationException
+
+# Errors our constructors raise on bad input; Hydra wraps them, we hand them on as they are so that
+# users (and tests) see ``ValueError: P_K has negative mass …`` rather than an InstantiationException.
+_USER_ERRORS = (ValueError, TypeError, FileNotFoundError, KeyError, RuntimeError)
 
 
 def instantiate(cfg: Any, **kwargs: Any) -> Any:
@@ -16,5 +21,16 @@ def instantiate(cfg: Any, **kwargs: Any) -> Any:
 
     Returns:
         The built object.
+
+    Raises:
+        The constructor's own ValueError / TypeError / FileNotFoundError / KeyError / RuntimeError
+        (with a note naming the target), or Hydra's InstantiationException for anything else.
     """
-    return hydra.utils.instantiate(cfg, _convert_="all", **kwargs)
+    try:
+        return hydra.utils.instantiate(cfg, _convert_="all", **kwargs)
+    except InstantiationException as e:
+        cause = e.__cause__
+        if isinstance(cause, _USER_ERRORS):
+            cause.add_note(f"(while building {cfg.get('_target_', '?') if hasattr(cfg, 'get') else cfg})")
+            raise cause from None
+        raise

@@ -1,0 +1,185 @@
+"""Contract tests for every operator config: the config folder drives the listing (like timm's tests).
+
+A new ``configs/operator/<name>.yaml`` is tested here the moment it exists. What is checked depends on
+the operator's declared ``capabilities`` and class attributes (``doubly_stochastic``,
+``permutation_equivariant``, ``hard_beta``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from diffrank.operators import available, load
+from diffrank.operators.base import PERMUTATION, SOFT_RANK, SOFT_SORT, TOPK_MEMBERSHIP
+
+NAMES = available()
+
+
+def _caps(name):
+    return load(name).capabilities
+
+
+def _untied(B, n, seed=0, spacing=0.5, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    perms = torch.stack([torch.randperm(n, generator=g) for _ in range(B)])
+    jitter = torch.rand(B, n, generator=g) * 0.1
+    return (perms.to(dtype) + jitter.to(dtype)) * spacing / 1.0
+
+
+def _hard_p(scores):
+    B, n = scores.shape
+    order = scores.argsort(dim=1, descending=True)
+    p = torch.zeros(B, n, n, dtype=scores.dtype)
+    p.scatter_(2, order.unsqueeze(-1), 1.0)
+    return p
+
+
+def _with(cap):
+    return [pytest.param(n, id=n) for n in NAMES if cap in _caps(n)]
+
+
+def test_registry_is_not_empty():
+    assert {"neuralsort", "softsort", "sinkhorn"} <= set(NAMES)
+
+
+def test_unknown_operator_lists_known():
+    with pytest.raises(ValueError, match="known operators: .*sinkhorn"):
+        load("no_such_operator")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bad_beta(name):
+    for beta in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="beta"):
+            load(name, beta=beta)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bad_scores(name):
+    op = load(name)
+    caps = op.capabilities
+    call = (lambda s: op(s)) if PERMUTATION in caps else (
+        (lambda s: op.topk_membership(s, [1])) if TOPK_MEMBERSHIP in caps else
+        (lambda s: op.soft_rank(s)) if SOFT_RANK in caps else (lambda s: op.soft_sort(s)))
+    with pytest.raises(ValueError, match="2-D"):
+        call(torch.randn(5))
+    with pytest.raises(TypeError, match="floating"):
+        call(torch.arange(10).view(2, 5))
+    bad = torch.randn(2, 5)
+    bad[1, 2] = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        call(bad)
+    bad[1, 2] = float("inf")
+    with pytest.raises(ValueError, match="non-finite"):
+        call(bad)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bad_k(name):
+    op = load(name)
+    s = torch.randn(2, 5)
+    if PERMUTATION in op.capabilities:
+        for k in (0, 6, -1):
+            with pytest.raises(ValueError, match="k must satisfy"):
+                op(s, k=k)
+        with pytest.raises(TypeError):
+            op(s, k=2.5)
+    if TOPK_MEMBERSHIP in op.capabilities:
+        with pytest.raises(ValueError, match="k must satisfy"):
+            op.topk_membership(s, [1, 6])
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if PERMUTATION not in _caps(n)])
+def test_missing_capability_is_a_clear_error(name):
+    with pytest.raises(ValueError, match="provides only"):
+        load(name)(torch.randn(2, 5))
+
+
+@pytest.mark.parametrize("name", _with(PERMUTATION))
+def test_shapes_and_row_sums(name):
+    op = load(name)
+    s = torch.randn(3, 7, dtype=torch.float64)
+    p = op(s)
+    assert p.shape == (3, 7, 7) and p.dtype == torch.float64
+    torch.testing.assert_close(p.sum(-1), torch.ones(3, 7, dtype=torch.float64), atol=1e-6, rtol=0)
+    assert (p >= -1e-12).all()
+    pk = op(s, k=3)
+    assert pk.shape == (3, 3, 7)
+    torch.testing.assert_close(pk, p[:, :3], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if PERMUTATION in _caps(n) and load(n).doubly_stochastic])
+def test_column_sums_doubly_stochastic(name):
+    op = load(name)
+    tol = getattr(op, "tolerance", 1e-6) * 1.01 + 1e-9
+    p = op(torch.randn(4, 9, dtype=torch.float64))
+    assert (p.sum(-2) - 1).abs().max() <= tol
+
+
+@pytest.mark.parametrize("name", _with(PERMUTATION))
+def test_converges_to_hard_permutation(name):
+    s = _untied(4, 8)
+    hard = _hard_p(s)
+    soft = load(name, beta=1.0 / 8)(s)  # far from hard: the test can fail
+    assert (soft - hard).abs().max() > 1e-2
+    err = (load(name, beta=load(name).hard_beta)(s) - hard).abs().max()
+    assert err < 1e-3, f"{name}: max |P - P_hard| = {err:.3g} at beta = hard_beta"
+
+
+@pytest.mark.parametrize("name", _with(PERMUTATION))
+def test_gradcheck_float64(name):
+    op = load(name)
+    s = torch.randn(2, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3)).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: op(x), (s,), eps=1e-6, atol=1e-5, rtol=1e-4)
+    assert torch.autograd.gradcheck(lambda x: op(x, k=2), (s,), eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if PERMUTATION in _caps(n)
+                                  and getattr(load(n), "permutation_equivariant", False)])
+def test_permutation_equivariance(name):
+    op = load(name)
+    s = torch.randn(3, 6, dtype=torch.float64)
+    perm = torch.randperm(6)
+    torch.testing.assert_close(op(s[:, perm]), op(s)[:, :, perm], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", _with(TOPK_MEMBERSHIP))
+def test_topk_membership(name):
+    op = load(name)
+    s = torch.randn(3, 8, dtype=torch.float64)
+    m = op.topk_membership(s, [1, 3, 5])
+    assert m.shape == (3, 3, 8) and m.dtype == torch.float64
+    torch.testing.assert_close(m.sum(-1), torch.tensor([1.0, 3.0, 5.0], dtype=torch.float64).expand(3, 3),
+                               atol=1e-4, rtol=1e-4)
+    hard = load(name, beta=op.hard_beta).topk_membership(_untied(3, 8), [3])[:, 0]
+    expect = torch.zeros(3, 8, dtype=torch.float64).scatter_(1, _untied(3, 8).topk(3, dim=1).indices, 1.0)
+    assert (hard - expect).abs().max() < 1e-3
+
+
+@pytest.mark.parametrize("name", _with(SOFT_SORT))
+def test_soft_sort_limit(name):
+    s = _untied(3, 7)
+    out = load(name, beta=load(name).hard_beta).soft_sort(s)
+    assert out.shape == (3, 7)
+    torch.testing.assert_close(out, s.sort(dim=1, descending=True).values, atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("name", _with(SOFT_RANK))
+def test_soft_rank_limit(name):
+    s = _untied(3, 7)
+    out = load(name, beta=load(name).hard_beta).soft_rank(s)
+    ranks = s.argsort(dim=1, descending=True).argsort(dim=1).to(s.dtype) + 1
+    torch.testing.assert_close(out, ranks, atol=1e-2, rtol=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_dtypes(name, dtype):
+    op = load(name)
+    s = torch.randn(2, 6).to(dtype)
+    caps = op.capabilities
+    out = op(s) if PERMUTATION in caps else (
+        op.topk_membership(s, [2]) if TOPK_MEMBERSHIP in caps else op.soft_rank(s))
+    assert out.dtype == dtype
+    assert torch.isfinite(out.float()).all()
