@@ -4,7 +4,8 @@ Time: median wall time of ``repeats`` calls after ``warmup`` calls (CUDA synchro
 Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` above the memory held before the call;
 on the CPU the process's peak resident set (``VmHWM``, reset through ``/proc/self/clear_refs``)
 above the resident set before the call — it counts every allocation the call makes, ours and
-the peers' alike, so ratios are fair.
+the peers' alike, so ratios are fair. ``benchmark_operators.py`` sets ``MALLOC_MMAP_THRESHOLD_`` so
+that freed blocks go back to the system and an earlier cell's free memory cannot hide a later peak.
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def compare_row(label: str, params: dict, ours: Measurement, ref: Measurement | 
     if ref is not None:
         row.update({
             "reference": ref_name,
-            "ref time": fmt_time(ref.seconds) if not ref.error else f"fail ({ref.error[:30]})",
+            "ref time": fmt_time(ref.seconds) if not ref.error else (ref.error if ref.error.startswith("skip") else f"fail ({ref.error[:30]})"),
             "ref peak": fmt_bytes(ref.peak_bytes),
             "speed-up": f"{ref.seconds / ours.seconds:.1f}x" if ref.seconds == ref.seconds else "-",
             "mem ratio": (f"{ref.peak_bytes / ours.peak_bytes:.1f}x"
