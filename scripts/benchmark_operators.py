@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"[suite {suite} not available: {e}]")
             continue
         for title, rows in mod.run(args):
-            print_table(f"{title} (device={args.device}, B={args.batch}, k={args.k}, threads={torch.get_num_threads()})",
-                        rows)
+            setting = f"device={args.device}, B={args.batch}, k={args.k}, threads={torch.get_num_threads()}"
+            print_table(f"{title} ({setting})", rows)
 
 
 if __name__ == "__main__":

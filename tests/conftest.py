@@ -59,6 +59,5 @@ def compose_train(tmp_path):
         return cfg
 
     yield _compose
-    from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()

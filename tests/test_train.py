@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, options
 
+from conftest import ROOT, options
 from diffrank.operators import load
 from diffrank.train import train
 

@@ -7,8 +7,8 @@ the top-k loss needs. difftopk builds the full matrix (its only option); we buil
 from __future__ import annotations
 
 import torch
-from benchmarks.harness import Measurement, compare_row, fwd_bwd, measure
 
+from benchmarks.harness import Measurement, compare_row, fwd_bwd, measure
 from diffrank.operators import load
 
 

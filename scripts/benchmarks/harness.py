@@ -148,7 +148,8 @@ def compare_row(label: str, params: dict, ours: Measurement, ref: Measurement | 
     if ref is not None:
         row.update({
             "reference": ref_name,
-            "ref time": fmt_time(ref.seconds) if not ref.error else (ref.error if ref.error.startswith("skip") else f"fail ({ref.error[:30]})"),
+            "ref time": fmt_time(ref.seconds) if not ref.error else (
+                ref.error if ref.error.startswith("skip") else f"fail ({ref.error[:30]})"),
             "ref peak": fmt_bytes(ref.peak_bytes),
             "speed-up": f"{ref.seconds / ours.seconds:.1f}x" if ref.seconds == ref.seconds else "-",
             "mem ratio": (f"{ref.peak_bytes / ours.peak_bytes:.1f}x"

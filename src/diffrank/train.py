@@ -81,6 +81,8 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     loss = build_loss(cfg.loss, operator, p_k)
     model = instantiate(cfg.model, loss=loss)
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
+    if cfg.trainer.get("enable_progress_bar") is False:  # Lightning refuses a progress-bar callback then
+        callbacks = [c for c in callbacks if not isinstance(c, L.pytorch.callbacks.ProgressBar)]
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c and "_target_" in c]
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
     if loggers:

@@ -15,7 +15,7 @@ def test_digits10_splits_are_disjoint_and_cover():
     all_idx = np.concatenate(list(pools.values()))
     assert len(all_idx) == 1797 == len(np.unique(all_idx))
     x, y = dm.splits["train"].tensors
-    assert x.shape[1:] == (1, 8, 8) and 0 <= float(x.min()) and float(x.max()) <= 1
+    assert x.shape[1:] == (1, 8, 8) and float(x.min()) >= 0 and float(x.max()) <= 1
     assert set(y.tolist()) == set(range(10))
 
 
