@@ -89,7 +89,8 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
         for lg in loggers:
             lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
     if cfg.get("train", True):
-        trainer.fit(model=model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+        # our own checkpoints hold Hydra partials (the optimizer) in hparams: not loadable with weights_only
+        trainer.fit(model=model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"), weights_only=False)
     train_metrics = dict(trainer.callback_metrics)
     test_metrics: dict[str, Any] = {}
     if cfg.get("test", True):
@@ -99,8 +100,13 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
             ckpt = cb.best_model_path
         else:
             log.warning("no best checkpoint (e.g. fast_dev_run): testing the current weights")
-        trainer.test(model=model, datamodule=datamodule, ckpt_path=ckpt, weights_only=False)
-        test_metrics = dict(trainer.callback_metrics)
+        tester = trainer
+        if "spawn" in str(cfg.trainer.get("strategy") or ""):
+            # a second ddp_spawn launch (fit, then test) aborts at exit on CPU/gloo ("terminate called
+            # without an active exception"); the test set is small, so one process tests the best weights
+            tester = instantiate(cfg.trainer, devices=1, strategy="auto", logger=loggers or False, callbacks=[])
+        tester.test(model=model, datamodule=datamodule, ckpt_path=ckpt, weights_only=False)
+        test_metrics = dict(tester.callback_metrics)
     metrics = {k: to_float(v) for k, v in {**train_metrics, **test_metrics}.items()}
     objects = {"datamodule": datamodule, "operator": operator, "loss": loss, "model": model, "trainer": trainer}
     if trainer.is_global_zero:
