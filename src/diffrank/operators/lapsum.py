@@ -1,0 +1,359 @@
+"""LapSum (Struski, Bednarczyk, Podolak, Tabor, ICML 2025): soft top-k, rank, sort and permutation.
+
+Every operator is built from one scalar function, the sum of Laplace CDFs centred on the scores
+(specs/lapsum.md §1; paper §3.1):
+
+    Lap_s(x) = Σ_j F_α(x - s_j),  F_α(x) = F(x / α),  F(x) = ½eˣ (x <= 0), 1 - ½e⁻ˣ (x > 0).
+
+diffrank uses the paper's "largest first" direction only, α < 0, and the inverse temperature β of the
+contract: **α = -1/β, τ = |α| = 1/β** (the paper's best α = -1.5 for CIFAR-100 is β = 2/3; its default
+α = -1 is β = 1). Internally everything lives in the scaled coordinate u = x/α = -βx, where Lap is
+increasing and the knots u_i = -β s_(i) are ascending (scores sorted descending).
+
+- Soft top-k (§3.3, Thm 3.3): p_i = F_α(b - s_i) with b = Lap_s⁻¹(k); Σ_i p_i = k exactly for any
+  real k ∈ (0, n].
+- Soft rank (§3.2, Thm 3.2): R_i = Lap_s(s_i) + ½ = 1 + Σ_{j≠i} F(β(s_j - s_i)); rank 1 = largest.
+- Soft sort (§3.2): sort_i = Lap_s⁻¹(i - ½), descending.
+- Soft permutation (§3.4, Def. 3.5): P[j, i] = F_α(b_j - s_i) - F_α(b_{j-1} - s_i), b_j = Lap_s⁻¹(j);
+  doubly stochastic (Thm 3.6), rows = ranks, columns = items.
+
+Lap_s⁻¹ is evaluated in closed form (§4.1, eq. (4); the official tutorial notebook's vectorised form):
+one sort, knot values from ``logcumsumexp`` (every exponent <= 0, so nothing overflows), a
+``searchsorted`` per target, then the root of a quadratic in e^u. Forward O(n log n).
+
+Backward passes are closed-form VJPs in custom ``torch.autograd.Function``s (App. C.2; spec §2.1-2.4),
+never autodiff through the forward: top-k O(M n), rank O(n log n) (prefix sums of e^{±u}·v in log space
+instead of the official O(n²) loop), inverse / sort O(n log n) (sweep over merged sorted thresholds and
+knots). Half-precision inputs are computed in float32 and cast back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from diffrank.operators.base import RankingOperator, check_beta, check_scores
+
+_DENSE_MAX_TARGETS = 32  # below this many thresholds per row, the (B, M, n) dense VJP is cheaper than the sweep
+
+
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+
+
+def _laplace_cdf(x: Tensor) -> Tensor:
+    """F(x) for the standard Laplace law, from e^{-|x|} only (no overflow)."""
+    e = torch.exp(-x.abs())
+    return torch.where(x <= 0, 0.5 * e, 1.0 - 0.5 * e)
+
+
+def _exclusive_cumlse(u: Tensor) -> Tensor:
+    """L[c] = log Σ_{j<c} e^{u_j} for c = 0..n (L[0] = -inf); shape (B, n + 1)."""
+    pad = torch.full_like(u[..., :1], -math.inf)
+    return torch.logcumsumexp(torch.cat([pad, u], dim=-1), dim=-1)
+
+
+def _exclusive_revlse(u: Tensor) -> Tensor:
+    """R[c] = log Σ_{j>=c} e^{-u_j} for c = 0..n (R[n] = -inf); shape (B, n + 1)."""
+    pad = torch.full_like(u[..., :1], -math.inf)
+    return torch.cat([torch.logcumsumexp((-u).flip(-1), dim=-1).flip(-1), pad], dim=-1)
+
+
+def _thresholds(u: Tensor, w: Tensor) -> Tensor:
+    """Closed-form Lap⁻¹ in u-space (specs/lapsum.md §1.2-1.3; paper §4.1).
+
+    Args:
+        u: ``(B, n)`` knots u_i = -β s_(i), ascending.
+        w: ``(B, M)`` targets in (0, n); w >= n gives +inf.
+
+    Returns:
+        ``(B, M)`` t with Σ_j F(t - u_j) = w.
+    """
+    n = u.shape[-1]
+    lse_le = torch.logcumsumexp(u, dim=-1)  # log Σ_{j<=i} e^{u_j}
+    lse_ge = torch.logcumsumexp((-u).flip(-1), dim=-1).flip(-1)  # log Σ_{j>=i} e^{-u_j}
+    log_b = lse_le - u  # log B_i, B_i = 1 + Σ_{j<i} e^{u_j - u_i}
+    log_a = u + lse_ge  # log A_i, A_i = 1 + Σ_{j>i} e^{u_i - u_j}
+    idx = torch.arange(n, dtype=u.dtype, device=u.device)
+    knots = idx + 0.5 + 0.5 * (torch.exp(log_a) - torch.exp(log_b))  # Lap(u_i), 0-based i
+    c = torch.searchsorted(knots.contiguous(), w.contiguous())  # #knots below w
+    e = w - c.to(w.dtype)
+    lo = (c - 1).clamp(0, n - 1)
+    hi = c.clamp(0, n - 1)
+    u_lo, u_hi = u.gather(-1, lo), u.gather(-1, hi)
+    lb_lo, la_hi = log_b.gather(-1, lo), log_a.gather(-1, hi)
+    # log z, z = |e| + sqrt(e² + q), q = A_{i+1} B_i e^{u_i - u_{i+1}}, in log space: q underflows for knots
+    # more than ~100 (float32) / ~745 (float64) apart. z = √q (r + sqrt(r² + 1)), r = |e|/√q
+    half_log_q = 0.5 * (la_hi + lb_lo + (u_lo - u_hi))
+    log_abs_e = torch.log(e.abs())
+    log_r = log_abs_e - half_log_q
+    log_z = torch.where(log_r > 20, math.log(2.0) + log_abs_e, half_log_q + torch.asinh(torch.exp(log_r.clamp_max(20))))
+    # the two roots of the quadratic are algebraically equal; each branch avoids a cancellation
+    t_mid = torch.where(e > 0, u_hi + log_z - la_hi, u_lo - log_z + lb_lo)
+    t_left = u[..., :1] + torch.log(2 * w) - log_a[..., :1]
+    t_right = u[..., -1:] - torch.log((2 * (n - w)).clamp_min(0)) + log_b[..., -1:]
+    return torch.where(c == 0, t_left, torch.where(c == n, t_right, t_mid))
+
+
+def _inverse_vjp(t: Tensor, u: Tensor, v: Tensor) -> Tensor:
+    """Σ_i v_i ∂t_i/∂u_l with ∂t_i/∂u_l = softmax_l(-|t_i - u_l|) (specs/lapsum.md §2.4).
+
+    Args:
+        t: ``(B, M)`` finite thresholds; u: ``(B, n)`` ascending knots; v: ``(B, M)`` upstream.
+
+    Returns:
+        ``(B, n)`` gradient with respect to u, in the sorted order of u.
+    """
+    if t.shape[-1] <= _DENSE_MAX_TARGETS:
+        pi = torch.softmax(-(t.unsqueeze(-1) - u.unsqueeze(-2)).abs(), dim=-1)
+        return (v.unsqueeze(-1) * pi).sum(-2)
+    # O((n + M) log) sweep: split |t - u| by the side of u_l each t_i lies on, prefix LSE in log space,
+    # and the sign of v carried by two log-magnitude streams
+    t, order = t.sort(dim=-1)
+    v = v.gather(-1, order)
+    lcum, rrev = _exclusive_cumlse(u), _exclusive_revlse(u)
+    cnt_t = torch.searchsorted(u.contiguous(), t.contiguous(), right=True)  # #u_l <= t_i
+    log_norm = torch.logaddexp(lcum.gather(-1, cnt_t) - t, rrev.gather(-1, cnt_t) + t)  # N_i
+    cnt_u = torch.searchsorted(t.contiguous(), u.contiguous(), right=True)  # #t_i <= u_l
+    out = torch.zeros_like(u)
+    for sign, mag in ((1.0, v.clamp_min(0)), (-1.0, (-v).clamp_min(0))):
+        lm = torch.log(mag)
+        left = _exclusive_cumlse(t - log_norm + lm)  # Σ_{i<c} v_i e^{t_i - N_i}
+        right = _exclusive_revlse(t + log_norm - lm)  # Σ_{i>=c} v_i e^{-t_i - N_i}
+        out = out + sign * (torch.exp(left.gather(-1, cnt_u) - u) + torch.exp(right.gather(-1, cnt_u) + u))
+    return out
+
+
+def _sorted_knots(scores: Tensor, beta: float) -> tuple[Tensor, Tensor]:
+    """Knots u = -β s sorted ascending (scores descending) and the sort permutation."""
+    s_sorted, order = scores.sort(dim=-1, descending=True)
+    return -beta * s_sorted, order
+
+
+def _unsort(x_sorted: Tensor, order: Tensor) -> Tensor:
+    return torch.empty_like(x_sorted).scatter_(-1, order, x_sorted)
+
+
+class _LapSumTopK(torch.autograd.Function):
+    """p[b, m, i] = F(t_bm + β s_bi), t = Lap⁻¹(k_bm); closed-form VJP (paper eq. (5), App. C.2)."""
+
+    @staticmethod
+    def forward(ctx, scores: Tensor, k: Tensor, beta: float) -> Tensor:
+        n = scores.shape[-1]
+        u, _ = _sorted_knots(scores, beta)
+        full = k >= n
+        t = _thresholds(u, torch.where(full, torch.full_like(k, n / 2), k))
+        x = t.unsqueeze(-1) + beta * scores.unsqueeze(-2)
+        p = torch.where(full.unsqueeze(-1), torch.ones_like(x), _laplace_cdf(x))
+        ctx.beta = beta
+        ctx.save_for_backward(scores, t, full)
+        return p
+
+    @staticmethod
+    def backward(ctx, grad_p: Tensor):
+        scores, t, full = ctx.saved_tensors
+        beta = ctx.beta
+        x = t.unsqueeze(-1) + beta * scores.unsqueeze(-2)
+        ex = torch.exp(-x.abs()) * (~full).unsqueeze(-1)
+        total = ex.sum(-1, keepdim=True)
+        pi = ex / total.clamp_min(torch.finfo(ex.dtype).tiny)  # π = softmax(-|x|), ∂p/∂k
+        vpi = (grad_p * pi).sum(-1, keepdim=True)  # ⟨v, π⟩
+        # ∂p_i/∂s_l = β R (δ_il π_i - π_i π_l), R = ½ Σ e^{-|x|}: symmetric, zero row sums
+        grad_s = (0.5 * beta * total * pi * (grad_p - vpi)).sum(-2)
+        grad_k = vpi.squeeze(-1) if ctx.needs_input_grad[1] else None
+        return grad_s, grad_k, None
+
+
+class _LapSumInverse(torch.autograd.Function):
+    """b[b, m] = Lap_s⁻¹(w_bm) in score units (α = -1/β); ∂b_m/∂s_l = softmax_l(-β|b_m - s_l|)."""
+
+    @staticmethod
+    def forward(ctx, scores: Tensor, w: Tensor, beta: float) -> Tensor:
+        u, order = _sorted_knots(scores, beta)
+        t = _thresholds(u, w)
+        ctx.beta = beta
+        ctx.save_for_backward(u, order, t)
+        return -t / beta
+
+    @staticmethod
+    def backward(ctx, grad_b: Tensor):
+        u, order, t = ctx.saved_tensors
+        grad_sorted = _inverse_vjp(t, u, grad_b)  # ∂b/∂s = ∂t/∂u
+        return _unsort(grad_sorted, order), None, None
+
+
+class _LapSumRank(torch.autograd.Function):
+    """R_i = 1 + Σ_{j≠i} F(β(s_j - s_i)) in O(n log n); VJP in O(n log n) (specs/lapsum.md §2.3)."""
+
+    @staticmethod
+    def forward(ctx, scores: Tensor, beta: float) -> Tensor:
+        n = scores.shape[-1]
+        u, order = _sorted_knots(scores, beta)
+        a = torch.exp(u + _exclusive_revlse(u)[..., 1:])  # Σ_{j>i} e^{u_i - u_j}
+        b = torch.exp(_exclusive_cumlse(u)[..., :-1] - u)  # Σ_{j<i} e^{u_j - u_i}
+        pos = torch.arange(1, n + 1, dtype=u.dtype, device=u.device)
+        ctx.beta = beta
+        ctx.save_for_backward(u, order, a + b)
+        return _unsort(pos + 0.5 * (a - b), order)
+
+    @staticmethod
+    def backward(ctx, grad_r: Tensor):
+        u, order, ab = ctx.saved_tensors
+        v = grad_r.gather(-1, order)
+        # g_l = (β/2) [Σ_{j<l} e^{u_j-u_l} v_j + Σ_{j>l} e^{u_l-u_j} v_j - v_l (a_l + b_l)]
+        acc = -v * ab
+        for sign, mag in ((1.0, v.clamp_min(0)), (-1.0, (-v).clamp_min(0))):
+            lm = torch.log(mag)
+            below = torch.exp(_exclusive_cumlse(u + lm)[..., :-1] - u)
+            above = torch.exp(_exclusive_revlse(u - lm)[..., 1:] + u)
+            acc = acc + sign * (below + above)
+        return _unsort(0.5 * ctx.beta * acc, order), None
+
+
+def _real_k(k: float | Tensor, B: int, n: int, like: Tensor) -> tuple[Tensor, bool]:
+    squeeze = True
+    if isinstance(k, Tensor):
+        if k.is_complex() or not (k.is_floating_point() or k.dtype in (torch.int32, torch.int64)):
+            raise TypeError(f"k must be a real tensor, got dtype {k.dtype}")
+        kt = k.to(like.dtype)
+        if kt.dim() == 0:
+            kt = kt.expand(B, 1)
+        elif kt.dim() == 1 and kt.shape[0] == B:
+            kt = kt.unsqueeze(-1)
+        elif kt.dim() == 2 and kt.shape[0] == B:
+            squeeze = False
+        else:
+            raise ValueError(f"k must be a scalar, (B,) = ({B},) or (B, M) tensor, got shape {tuple(k.shape)}")
+    elif isinstance(k, (int, float)) and not isinstance(k, bool):
+        kt = torch.full((B, 1), float(k), dtype=like.dtype, device=like.device)
+    else:
+        raise TypeError(f"k must be a float or a tensor, got {k!r}")
+    if not bool(torch.isfinite(kt).all()) or bool((kt <= 0).any()) or bool((kt > n).any()):
+        raise ValueError(f"k must lie in (0, n] = (0, {n}], got {k}")
+    return kt, squeeze
+
+
+def lapsum_topk(scores: Tensor, k: float | Tensor, beta: float, largest: bool = True) -> Tensor:
+    """LapSum soft top-k membership with real-valued k (Struski et al. 2025, Thm 3.3, eq. (3)).
+
+    p_i = F_α(Lap_s⁻¹(k) - s_i), α = -1/β (largest) or +1/β (smallest); Σ_i p_i = k exactly.
+
+    Args:
+        scores: ``(B, n)`` floating, finite.
+        k: a float, or a tensor of shape ``()``, ``(B,)`` or ``(B, M)``; every value in (0, n]. A tensor
+            k that requires grad receives ∂L/∂k = ⟨v, π⟩ (π = softmax(-|x|), App. C.2).
+        beta: inverse temperature β = 1/|α| > 0.
+        largest: True selects the largest scores (α < 0); False the smallest (p(s, k, +α) = p(-s, k, -α)).
+
+    Returns:
+        ``(B, n)`` for a scalar or ``(B,)`` k, ``(B, M, n)`` for a ``(B, M)`` k; dtype of ``scores``.
+
+    Raises:
+        TypeError / ValueError: bad scores (see :func:`check_scores`), beta <= 0, k outside (0, n].
+    """
+    check_scores(scores)
+    beta = check_beta(beta)
+    B, n = scores.shape
+    s = scores.to(_compute_dtype(scores))
+    kt, squeeze = _real_k(k, B, n, s)
+    p = _LapSumTopK.apply(s if largest else -s, kt, beta)
+    p = p.to(scores.dtype)
+    return p.squeeze(-2) if squeeze else p
+
+
+class LapSum(RankingOperator):
+    """LapSum soft top-k / rank / sort / permutation (Struski et al., ICML 2025), α = -1/β.
+
+    Args:
+        beta: inverse temperature β = 1/|α| > 0 (paper grid α ∈ {-1.5, -1, -0.5, -0.2, -0.1}).
+
+    Shapes: ``forward(scores (B, n), k)`` → ``(B, k or n, n)`` doubly stochastic (rows = ranks,
+    rank 1 = largest); ``topk_membership(scores, ks)`` → ``(B, len(ks), n)`` with row sums exactly k;
+    ``soft_rank`` / ``soft_sort`` → ``(B, n)``. Real k: :func:`lapsum_topk`.
+
+    Raises:
+        ValueError: for a non-positive beta; see :class:`RankingOperator` for input errors.
+    """
+
+    doubly_stochastic: ClassVar[bool] = True
+    permutation_equivariant: ClassVar[bool] = True
+    hard_beta: ClassVar[float] = 100.0
+
+    def relaxed_permutation(self, scores: Tensor, k: int | None) -> Tensor:
+        """Rows of P[j, i] = F(x_j,i) - F(x_{j-1},i), x_j,i = β(s_i - b_j), b_j = Lap⁻¹(j) (Def. 3.5)."""
+        B, n = scores.shape
+        r = n if k is None else k
+        s = scores.to(_compute_dtype(scores))
+        m = min(r, n - 1)  # b_n = -inf: F(x_n) ≡ 1
+        w = torch.arange(1, m + 1, dtype=s.dtype, device=s.device).expand(B, m)
+        cdf = s.new_zeros(B, 0, n) if m == 0 else None
+        if m > 0:
+            b = _LapSumInverse.apply(s, w, self.beta)
+            x = self.beta * (s.unsqueeze(-2) - b.unsqueeze(-1))  # (B, m, n), increasing in j
+            cdf = _laplace_cdf(x)
+        zero = s.new_zeros(B, 1, n)
+        parts = [zero, cdf] + ([s.new_ones(B, 1, n)] if r == n else [])
+        cdf = torch.cat(parts, dim=-2)  # (B, r + 1, n): F at b_0 ≡ 0, ..., b_r
+        lo, hi = cdf[:, :-1], cdf[:, 1:]
+        if m > 0:
+            # stable interval masses (official diffCDF): both arguments on one side of 0 use expm1
+            x_all = torch.cat([torch.full_like(zero, -math.inf), x] +
+                              ([torch.full_like(zero, math.inf)] if r == n else []), dim=-2)
+            x_lo, x_hi = x_all[:, :-1], x_all[:, 1:]
+            both_neg = x_hi <= 0
+            both_pos = x_lo >= 0
+            d = (x_lo - x_hi).clamp_max(0)
+            d = torch.where(torch.isfinite(d), d, torch.full_like(d, -math.inf))
+            neg = -0.5 * torch.exp(x_hi.clamp_max(0)) * torch.expm1(d)
+            pos = -0.5 * torch.exp(-x_lo.clamp_min(0)) * torch.expm1(d)
+            mass = torch.where(both_neg, neg, torch.where(both_pos, pos, hi - lo))
+        else:
+            mass = hi - lo
+        return mass.to(scores.dtype)
+
+    def topk_membership(self, scores: Tensor, ks: Sequence[int]) -> Tensor:
+        """Soft top-k memberships p = F_α(Lap⁻¹(k) - s) for each k (Thm 3.3); rows sum to k exactly.
+
+        Args:
+            scores: ``(B, n)`` floating.
+            ks: non-empty sequence of ints in [1, n].
+
+        Returns:
+            ``(B, len(ks), n)``, dtype of ``scores``.
+        """
+        check_scores(scores)
+        ks = self._check_ks(ks, scores.shape[1])
+        s = scores.to(_compute_dtype(scores))
+        kt = torch.tensor(ks, dtype=s.dtype, device=s.device).expand(s.shape[0], len(ks))
+        return _LapSumTopK.apply(s, kt, self.beta).to(scores.dtype)
+
+    def soft_rank(self, scores: Tensor) -> Tensor:
+        """Soft ranks R_i = 1 + Σ_{j≠i} F(β(s_j - s_i)) (Thm 3.2; rank 1 = largest, Σ R = n(n+1)/2).
+
+        Args:
+            scores: ``(B, n)`` floating.
+
+        Returns:
+            ``(B, n)`` in [1, n], dtype of ``scores``.
+        """
+        check_scores(scores)
+        return _LapSumRank.apply(scores.to(_compute_dtype(scores)), self.beta).to(scores.dtype)
+
+    def soft_sort(self, scores: Tensor) -> Tensor:
+        """Soft sort, descending: sort_i = Lap_s⁻¹(i - ½) (§3.2 "soft orderings"); not sum-preserving.
+
+        Args:
+            scores: ``(B, n)`` floating.
+
+        Returns:
+            ``(B, n)`` descending, dtype of ``scores``.
+        """
+        check_scores(scores)
+        s = scores.to(_compute_dtype(scores))
+        B, n = s.shape
+        w = (torch.arange(n, dtype=s.dtype, device=s.device) + 0.5).expand(B, n)
+        return _LapSumInverse.apply(s, w, self.beta).to(scores.dtype)

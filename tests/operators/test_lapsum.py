@@ -1,0 +1,222 @@
+"""LapSum (Struski et al. 2025): worked numbers of specs/lapsum.md §5, exactness, limits, closed-form gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.autograd import gradcheck
+
+import diffrank.operators.lapsum as lapsum_mod
+from diffrank.operators import load
+from diffrank.operators.lapsum import LapSum, lapsum_topk
+
+F64 = torch.float64
+S = torch.tensor([[0.5, -1.2, 2.0, 0.3, 1.1]], dtype=F64)
+
+
+def _rand(B, n, seed=0, dtype=F64, scale=1.0):
+    return torch.randn(B, n, dtype=dtype, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def _lap(x, s, beta):
+    """Lap_s(x) = Σ_j F_α(x - s_j), α = -1/β, by its definition."""
+    z = -beta * (x.unsqueeze(-1) - s.unsqueeze(-2))
+    e = torch.exp(-z.abs())
+    return torch.where(z <= 0, 0.5 * e, 1 - 0.5 * e).sum(-1)
+
+
+@pytest.mark.parametrize("alpha,k,expect", [
+    (-0.5, 2, [0.226943, 0.007574, 0.945155, 0.152124, 0.668205]),
+    (-0.5, 2.5, [0.416991, 0.013916, 0.970151, 0.279517, 0.819424]),
+    (-0.1, 2, [0.023364, 0.000000, 0.999997, 0.003162, 0.973477]),
+    (-0.01, 2, [0, 0, 1, 0, 1]),
+    (-0.01, 2.5, [0.5, 0, 1, 0, 1]),
+    (-10, 2, [0.396233, 0.334288, 0.460357, 0.388387, 0.420735]),
+    (-1000, 2, [0.39998, 0.39930, 0.40058, 0.39990, 0.40022]),
+])
+def test_topk_worked_numbers(alpha, k, expect):
+    p = lapsum_topk(S, k, beta=1 / abs(alpha))
+    torch.testing.assert_close(p[0], torch.tensor(expect, dtype=F64), atol=1e-5, rtol=0)
+    assert abs(float(p.sum()) - k) < 1e-12
+
+
+def test_smallest_k_is_negation():
+    p = lapsum_topk(S, 2, beta=2.0, largest=False)
+    torch.testing.assert_close(p[0], torch.tensor([0.360859, 0.976879, 0.017966, 0.535608, 0.108689], dtype=F64),
+                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(p, lapsum_topk(-S, 2, beta=2.0))
+
+
+def test_gradient_worked_numbers():
+    s = S.clone().requires_grad_()
+    k = torch.tensor(2.0, dtype=F64, requires_grad=True)
+    jac = torch.autograd.functional.jacobian(lambda x: lapsum_topk(x, 2, beta=2.0)[0], s)[:, 0]
+    torch.testing.assert_close(jac.diagonal(), torch.tensor([0.320679, 0.014999, 0.101911, 0.244395, 0.378861],
+                                                            dtype=F64), atol=1e-6, rtol=0)
+    torch.testing.assert_close(jac, jac.T)  # symmetric
+    torch.testing.assert_close(jac.sum(1), torch.zeros(5, dtype=F64), atol=1e-12, rtol=0)
+    dk = torch.autograd.functional.jacobian(lambda kk: lapsum_topk(S, kk, beta=2.0)[0], k)
+    torch.testing.assert_close(dk, torch.tensor([0.293480, 0.009794, 0.070926, 0.196726, 0.429074], dtype=F64),
+                               atol=1e-6, rtol=0)
+
+
+def test_rank_sort_permutation_worked_numbers():
+    op = LapSum(beta=2.0)
+    torch.testing.assert_close(op.soft_rank(S)[0], torch.tensor([3.176356, 4.952563, 1.125060, 3.572099, 2.173922],
+                                                                dtype=F64), atol=1e-6, rtol=0)
+    srt = op.soft_sort(S)[0]
+    torch.testing.assert_close(srt, torch.tensor([2.111620, 1.212946, 0.590772, 0.019434, -1.245320], dtype=F64),
+                               atol=1e-6, rtol=0)
+    assert abs(float(srt.sum()) - 2.689452) < 1e-6  # not sum-preserving
+    P = op(S)[0]
+    expect = torch.tensor([[0.049775, 0.001661, 0.749940, 0.033365, 0.165259],
+                           [0.177168, 0.005913, 0.195215, 0.118759, 0.502946],
+                           [0.412199, 0.015547, 0.036879, 0.312268, 0.223107],
+                           [0.306684, 0.130887, 0.015269, 0.454789, 0.092371],
+                           [0.054175, 0.845992, 0.002697, 0.080819, 0.016317]], dtype=F64)
+    torch.testing.assert_close(P, expect, atol=1e-6, rtol=0)
+    torch.testing.assert_close(P[:2].sum(0), lapsum_topk(S, 2, beta=2.0)[0], atol=1e-12, rtol=0)
+    torch.testing.assert_close(LapSum(beta=100.0).soft_rank(S)[0], torch.tensor([3.0, 5, 1, 4, 2], dtype=F64),
+                               atol=1e-6, rtol=0)
+    hard = LapSum(beta=100.0)(S)[0]
+    assert hard.argmax(1).tolist() == [2, 4, 0, 3, 1]
+    assert (hard.max(1).values > 1 - 1e-4).all()  # the closest pair (0.5, 0.3): ½e^{-β·0.1} = 2.3e-5
+
+
+@pytest.mark.parametrize("n,scale,beta", [(7, 1.0, 1.0), (1000, 50.0, 20.0), (100000, 1.0, 3.0), (2000, 1e3, 10.0)])
+def test_sum_equals_real_k(n, scale, beta):
+    s = _rand(2, n, seed=n, scale=scale)
+    k = torch.tensor([[0.3, n / 3 + 0.7, n - 0.5], [1.0, min(17.3, n / 2), n - 1e-3]], dtype=F64)
+    p = lapsum_topk(s, k, beta=beta)
+    assert p.shape == (2, 3, n)
+    assert torch.isfinite(p).all() and (p >= 0).all() and (p <= 1).all()
+    assert (p.sum(-1) - k).abs().max() < 1e-12 + 1e-14 * n  # float64 rounding of n terms
+    p32 = lapsum_topk(s.float(), k.float(), beta=beta)
+    assert torch.isfinite(p32).all()
+    assert (p32.sum(-1) - k.float()).abs().max() / n < 1e-5
+
+
+def test_ties_and_widely_spread_float32():
+    s = torch.tensor([[1.0, 1.0, 1.0, -2.0, 5.0, 5.0]])
+    p = lapsum_topk(s, 3.5, beta=1e3)
+    torch.testing.assert_close(p[0], torch.tensor([0.5, 0.5, 0.5, 0, 1, 1]), atol=1e-5, rtol=0)
+    s = _rand(4, 300, dtype=torch.float32, scale=100.0)
+    for beta in (0.8, 10.0, 1e3):  # |s|/τ up to ~1e5
+        p = LapSum(beta=beta).topk_membership(s, [1, 5, 299])
+        assert torch.isfinite(p).all()
+        torch.testing.assert_close(p.sum(-1), torch.tensor([1.0, 5, 299]).expand(4, 3), atol=2e-3, rtol=1e-5)
+        assert torch.isfinite(LapSum(beta=beta).soft_rank(s)).all()
+
+
+def test_threshold_matches_bisection():
+    s = _rand(3, 50, seed=5, scale=3.0)
+    beta = 1.3
+    w = torch.tensor([[0.01, 7.5, 49.9], [1.0, 25.0, 49.0], [0.5, 0.6, 33.3]], dtype=F64)
+    b = lapsum_mod._LapSumInverse.apply(s, w, beta)
+    lo = s.min(1, keepdim=True).values.expand_as(w) - 60.0
+    hi = s.max(1, keepdim=True).values.expand_as(w) + 60.0
+    for _ in range(300):  # Lap is decreasing in x for α < 0
+        mid = (lo + hi) / 2
+        val = torch.stack([_lap(mid[i], s[i], beta) for i in range(3)])
+        lo, hi = torch.where(val > w, mid, lo), torch.where(val > w, hi, mid)
+    torch.testing.assert_close(b, (lo + hi) / 2, atol=1e-10, rtol=0)
+    torch.testing.assert_close(torch.stack([_lap(b[i], s[i], beta) for i in range(3)]), w, atol=1e-10, rtol=0)
+
+
+def test_limits_and_monotonicity():
+    s = _rand(4, 9, seed=2)
+    hard = torch.zeros_like(s).scatter_(1, s.topk(3, dim=1).indices, 1.0)
+    errs = [float((lapsum_topk(s, 3, beta=b) - hard).abs().max()) for b in (1.0, 10.0, 100.0, 1e4)]
+    assert errs == sorted(errs, reverse=True) and errs[0] > 0.1 and errs[-1] < 1e-6
+    torch.testing.assert_close(lapsum_topk(s, 3, beta=1e-6), torch.full_like(s, 3 / 9), atol=1e-5, rtol=0)
+    # raising one score raises its own membership and lowers every other one
+    for i in range(9):
+        bumped = s.clone()
+        bumped[:, i] += 0.3
+        d = lapsum_topk(bumped, 3, beta=2.0) - lapsum_topk(s, 3, beta=2.0)
+        assert (d[:, i] > 0).all()
+        assert (torch.cat([d[:, :i], d[:, i + 1:]], 1) <= 1e-15).all()
+    ranks = s.argsort(1, descending=True).argsort(1).to(F64) + 1
+    torch.testing.assert_close(LapSum(beta=1e4).soft_rank(s), ranks, atol=1e-6, rtol=0)
+    r = LapSum(beta=0.5).soft_rank(s)
+    torch.testing.assert_close(r.sum(1), torch.full((4,), 45.0, dtype=F64))
+    torch.testing.assert_close(LapSum(beta=1e-7).soft_rank(s), torch.full_like(s, 5.0), atol=1e-5, rtol=0)
+
+
+def test_sort_shift_and_jacobian_rows():
+    s = _rand(2, 8, seed=3)
+    op = LapSum(beta=1.5)
+    torch.testing.assert_close(op.soft_sort(s + 2.5), op.soft_sort(s) + 2.5)
+    jac = torch.autograd.functional.jacobian(lambda x: op.soft_sort(x)[0], s[:1])[:, 0]
+    torch.testing.assert_close(jac.sum(1), torch.ones(8, dtype=F64))
+    assert (jac >= 0).all()
+
+
+def test_permutation_doubly_stochastic_and_equivariant():
+    s = _rand(3, 12, seed=4)
+    P = LapSum(beta=0.7)(s)
+    torch.testing.assert_close(P.sum(-1), torch.ones(3, 12, dtype=F64), atol=1e-10, rtol=0)
+    torch.testing.assert_close(P.sum(-2), torch.ones(3, 12, dtype=F64), atol=1e-10, rtol=0)
+    assert (P >= 0).all()
+    torch.testing.assert_close(P[:, :4].sum(1), lapsum_topk(s, 4, beta=0.7), atol=1e-12, rtol=0)
+    perm = torch.randperm(12, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(LapSum(beta=0.7)(s[:, perm]), P[:, :, perm])
+
+
+def test_gradcheck_custom_backwards(monkeypatch):
+    s = _rand(3, 7, seed=6).requires_grad_()
+    k = torch.tensor([[1.5, 3.0], [2.2, 6.9], [0.3, 4.0]], dtype=F64, requires_grad=True)
+    assert gradcheck(lambda x, kk: lapsum_topk(x, kk, beta=1.7), (s, k))
+    op = LapSum(beta=1.3)
+    assert gradcheck(op.soft_rank, (s,))
+    assert gradcheck(op.soft_sort, (s,))
+    assert gradcheck(lambda x: op(x, k=3), (s,))
+    assert gradcheck(lambda x: op.topk_membership(x, [1, 4, 7]), (s,))
+    ties = torch.tensor([[1.0, 1.0, 0.0, 2.0, 2.0]], dtype=F64, requires_grad=True)
+    assert gradcheck(op.soft_rank, (ties,)) and gradcheck(op, (ties,))
+    monkeypatch.setattr(lapsum_mod, "_DENSE_MAX_TARGETS", 0)  # the O(n log n) sweep
+    assert gradcheck(op.soft_sort, (s,)) and gradcheck(op, (s,))
+    w = torch.tensor([[0.2, 6.8, 3.3], [1.0, 2.0, 3.0], [5.5, 0.5, 2.5]], dtype=F64)
+    assert gradcheck(lambda x: lapsum_mod._LapSumInverse.apply(x, w, 0.7), (s,))
+
+
+def test_sweep_vjp_equals_dense_at_larger_n(monkeypatch):
+    s = _rand(2, 300, seed=7, scale=2.0).requires_grad_()
+    g = _rand(2, 300, seed=8)
+    op = LapSum(beta=2.0)
+    (dense,) = torch.autograd.grad((op.soft_sort(s) * g).sum(), s)
+    monkeypatch.setattr(lapsum_mod, "_DENSE_MAX_TARGETS", 10**9)
+    (ref,) = torch.autograd.grad((op.soft_sort(s) * g).sum(), s)
+    torch.testing.assert_close(dense, ref, atol=1e-10, rtol=1e-8)
+    # rank VJP against the O(n²) Jacobian of R_i = 1 + Σ_{j≠i} F(β(s_j - s_i))
+    (ours,) = torch.autograd.grad((op.soft_rank(s) * g).sum(), s)
+    d = 2.0 * (s.unsqueeze(-2) - s.unsqueeze(-1))  # [i, j] = β(s_j - s_i)
+    e = torch.exp(-d.abs())
+    F = torch.where(d <= 0, 0.5 * e, 1 - 0.5 * e)
+    R = 1 + F.sum(-1) - 0.5
+    (ref,) = torch.autograd.grad((R * g).sum(), s)
+    torch.testing.assert_close(ours, ref, atol=1e-10, rtol=1e-8)
+
+
+def test_k_equal_n_and_bad_k():
+    s = _rand(2, 5)
+    torch.testing.assert_close(LapSum().topk_membership(s, [5]), torch.ones(2, 1, 5, dtype=F64))
+    for bad in (0.0, -1.0, 5.5, float("nan")):
+        with pytest.raises(ValueError, match="k must lie"):
+            lapsum_topk(s, bad, beta=1.0)
+    with pytest.raises(TypeError):
+        lapsum_topk(s, "2", beta=1.0)
+    with pytest.raises(ValueError, match="shape"):
+        lapsum_topk(s, torch.ones(3), beta=1.0)
+    with pytest.raises(ValueError, match="beta"):
+        lapsum_topk(s, 2.0, beta=0.0)
+
+
+def test_config_and_half_precision():
+    op = load("lapsum", beta=2.0)
+    assert isinstance(op, LapSum) and op.beta == 2.0
+    s = _rand(2, 6, dtype=torch.float32)
+    for dt in (torch.float16, torch.bfloat16):
+        out = op.topk_membership(s.to(dt), [2])
+        assert out.dtype == dt
+        torch.testing.assert_close(out.float(), op.topk_membership(s, [2]), atol=2e-2, rtol=0)

@@ -1,0 +1,127 @@
+"""SOFT top-k (Xie et al. 2020): worked numbers of specs/soft_topk_ot.md §2, marginals, implicit gradients."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.autograd import gradcheck
+
+from diffrank.operators import load
+from diffrank.operators.soft_topk import SoftTopK, _sinkhorn_log, soft_topk_sorted
+
+F64 = torch.float64
+OFFICIAL = dict(tolerance=None, epsilon_start=None, cost_normalization="batch")  # the reference code's semantics
+
+
+def _rand(B, n, seed=0):
+    return torch.randn(B, n, dtype=F64, generator=torch.Generator().manual_seed(seed))
+
+
+def test_official_demo_values_and_gradient():
+    x = torch.tensor([[5.0, 2, 3, 4, 1, 6]], dtype=F64)  # smallest-3 of x = largest-3 of -x
+    s = (-x).requires_grad_()
+    a = SoftTopK(beta=20.0, max_iter=100, **OFFICIAL).topk_membership(s, [3])[0, 0]
+    torch.testing.assert_close(a, torch.tensor([0.158869, 0.841131, 0.635424, 0.364576, 0.941463, 0.058537],
+                                               dtype=F64), atol=1e-6, rtol=0)
+    (a[1] + a[2] + a[3]).backward()
+    torch.testing.assert_close(-s.grad[0], torch.tensor([0.105416, -0.043062, -0.074652, -0.074652, 0.043475,
+                                                         0.043475], dtype=F64), atol=1e-6, rtol=0)
+
+
+def test_largest_and_sorted_worked_numbers():
+    s = torch.tensor([[0.5, -1.2, 2.0, 0.3, 1.1]], dtype=F64)
+    a = SoftTopK(beta=10.0, max_iter=200, **OFFICIAL).topk_membership(s, [2])[0, 0]
+    torch.testing.assert_close(a, torch.tensor([0.279887, 0.008812, 0.915932, 0.199493, 0.595876], dtype=F64),
+                               atol=1e-6, rtol=0)
+    a = SoftTopK(beta=100.0, max_iter=200, **OFFICIAL).topk_membership(s, [2])[0, 0]
+    torch.testing.assert_close(a, torch.tensor([0.006582, 0.0, 0.996791, 0.000078, 0.996549], dtype=F64),
+                               atol=1e-6, rtol=0)
+    p = soft_topk_sorted(s, 2, beta=100.0, max_iter=500, **OFFICIAL)[0]
+    assert p.shape == (2, 5) and p.argmax(1).tolist() == [2, 4]
+    assert abs(float(p[0, 2]) - 0.9979) < 1e-4 and abs(float(p[1, 4]) - 0.9958) < 1e-4
+
+
+@pytest.mark.parametrize("tolerance", [None, 1e-6])
+def test_marginals(tolerance):
+    s = _rand(4, 30, seed=1) * 2
+    op = SoftTopK(beta=2.0, max_iter=3000, tolerance=tolerance)
+    a = op.topk_membership(s, [1, 7, 29, 30])
+    assert a.shape == (4, 4, 30)
+    torch.testing.assert_close(a.sum(-1), torch.tensor([1.0, 7, 29, 30], dtype=F64).expand(4, 4), atol=1e-10,
+                               rtol=0)  # the anchor-side update is last: exact after every iteration
+    assert (a >= 0).all() and (a <= 1 + 1e-6).all()  # A <= 1 holds only up to the item-marginal error
+    if tolerance is None:
+        assert op.last_iterations == 3000
+    else:
+        assert op.last_iterations < 3000
+    # item marginals: n Σ_j Γ_ij = 1 within the tolerance (sorted variant: rows = ranks sum to 1 exactly)
+    p = soft_topk_sorted(s, 5, beta=2.0, tolerance=1e-9, max_iter=5000)
+    torch.testing.assert_close(p.sum(-1), torch.ones(4, 5, dtype=F64), atol=1e-10, rtol=0)
+    assert (p.sum(-2) <= 1 + 1e-8).all()
+
+
+def test_limits_equivariance_and_sorted_consistency():
+    g = torch.Generator().manual_seed(2)
+    s = (torch.randperm(9, generator=g).to(F64) * 0.5).view(1, 9).repeat(2, 1)
+    hard = torch.zeros_like(s).scatter_(1, s.topk(3, dim=1).indices, 1.0)
+    assert (SoftTopK(beta=100.0).topk_membership(s, [3])[:, 0] - hard).abs().max() < 1e-6
+    torch.testing.assert_close(SoftTopK(beta=1e-4).topk_membership(s, [3])[:, 0], torch.full_like(s, 1 / 3),
+                               atol=1e-3, rtol=0)
+    # sorted variant: summed over the k ranks it is the top-k indicator as ε → 0
+    torch.testing.assert_close(soft_topk_sorted(s, 3, beta=100.0).sum(1), hard, atol=1e-6, rtol=0)
+    x = _rand(3, 8, seed=3)
+    perm = torch.randperm(8, generator=g)
+    op = SoftTopK(beta=3.0)
+    torch.testing.assert_close(op.topk_membership(x[:, perm], [3]), op.topk_membership(x, [3])[..., perm])
+
+
+def _unrolled(s, k, beta, sorted_variant=False, iters=1500):
+    n = s.shape[-1]
+    if sorted_variant:
+        x, y = s, torch.arange(k, -1, -1, dtype=F64)
+        nu = torch.full((k + 1,), 1.0 / n, dtype=F64)
+        nu[-1] = (n - k) / n
+    else:
+        x, y = -s, torch.tensor([0.0, 1.0], dtype=F64)
+        nu = torch.tensor([k / n, (n - k) / n], dtype=F64)
+    C = (x.unsqueeze(-1) - y) ** 2
+    gam, _ = _sinkhorn_log(C, torch.full_like(x, -math.log(n)), nu.log().expand(s.shape[0], -1), 1 / beta, iters,
+                           None, 1)
+    return n * (gam[..., :k].transpose(-1, -2) if sorted_variant else gam[..., 0])
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_implicit_gradient_equals_unrolled_and_finite_differences(k):
+    s = _rand(3, 6, seed=10 + k)
+    g = _rand(3, 6, seed=20 + k)
+    op = SoftTopK(beta=3.0, max_iter=5000, tolerance=1e-13, check_every=1)
+    s1 = s.clone().requires_grad_()
+    (op.topk_membership(s1, [k])[:, 0] * g).sum().backward()
+    s2 = s.clone().requires_grad_()
+    (_unrolled(s2, k, 3.0) * g).sum().backward()
+    torch.testing.assert_close(s1.grad, s2.grad, atol=1e-9, rtol=0)
+    assert gradcheck(lambda x: op.topk_membership(x, [k]), (s.clone().requires_grad_(),), atol=1e-6)
+    # sorted (k + 1 anchors): K is (k, k)
+    g3 = _rand(3, k * 6, seed=30 + k).view(3, k, 6)
+    s3 = s.clone().requires_grad_()
+    (soft_topk_sorted(s3, k, 3.0, max_iter=5000, tolerance=1e-13, check_every=1) * g3).sum().backward()
+    s4 = s.clone().requires_grad_()
+    (_unrolled(s4, k, 3.0, sorted_variant=True) * g3).sum().backward()
+    torch.testing.assert_close(s3.grad, s4.grad, atol=1e-9, rtol=0)
+
+
+def test_capabilities_config_and_errors():
+    op = load("soft_topk")
+    assert isinstance(op, SoftTopK) and op.capabilities == frozenset({"topk_membership"})
+    with pytest.raises(ValueError, match="provides only"):
+        op(torch.randn(2, 5))
+    for bad in (dict(max_iter=0), dict(tolerance=-1.0), dict(cost_normalization="max"), dict(anneal=1.5),
+                dict(epsilon_start=0.0)):
+        with pytest.raises(ValueError):
+            SoftTopK(**bad)
+    with pytest.raises(ValueError, match="k must satisfy"):
+        soft_topk_sorted(torch.randn(2, 5), 6, beta=1.0)
+    out = SoftTopK(beta=4.0, cost_normalization="row").topk_membership(torch.randn(2, 6).half(), [2])
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
