@@ -1,0 +1,132 @@
+"""Ranking-supervision losses: a relaxed permutation (or soft ranks) against the true order of the values.
+
+Project convention: the ground-truth permutation Q has ``Q[r, c] = 1`` iff item c holds the (r+1)-th
+LARGEST value (row 0 = rank 1), the same layout as the operators' P (rows = ranks, columns = items).
+Ties among true values are broken by item index (stable sort), as in :mod:`diffrank.metrics.sorting`.
+
+- :class:`SortingBCELoss` (``loss=sort_bce``): element-wise binary cross-entropy between P and Q
+  averaged over the B·n·n entries (official ``diffsort`` script, PyTorch ``BCELoss``, which clamps
+  log at -100), or the column-wise cross-entropy of thesis Eq. 3.12, ``-(1/n) Σ_c log P[π(c), c]``
+  (``form="ce"``; with ``"ce_rows"`` the row-wise form of LapSum's permutation loss, ``-(1/n) Σ_r log
+  P[r, π⁻¹(r)]``).
+- :class:`SoftRankMSELoss` (``loss=sort_rank_mse``): mean squared error between soft ranks and the true
+  ranks (1 = largest), for operators that give no P (Fast Sort & Rank; thesis §3.5 "Training Settings").
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from diffrank.operators.base import PERMUTATION, SOFT_RANK, check_scores, require
+
+_LOG_CLAMP = -100.0  # PyTorch BCELoss's floor on log, so that a hard 0 costs 100, not inf
+
+
+def _check_values(scores: Tensor, values: Tensor) -> None:
+    check_scores(scores)
+    if values.shape != scores.shape:
+        raise ValueError(f"values must have the shape of scores {tuple(scores.shape)}, got {tuple(values.shape)}")
+    if values.is_floating_point() and not bool(torch.isfinite(values).all()):
+        raise ValueError("values contain non-finite entries (NaN or inf)")
+
+
+def true_order(values: Tensor) -> Tensor:
+    """Items by decreasing value: ``order[b, r]`` = the item of rank r+1 (ties by item index).
+
+    Args:
+        values: ``(B, n)`` true values (int or float).
+
+    Returns:
+        ``(B, n)`` int64.
+    """
+    n = values.shape[1]
+    # stable ascending sort then reverse would break ties by DEcreasing index; flip first to keep increasing
+    asc = torch.argsort(values.flip(1), dim=1, stable=True)
+    return (n - 1 - asc).flip(1)
+
+
+def true_ranks(values: Tensor) -> Tensor:
+    """Rank of each item, 1 = largest (ties by item index): ``(B, n)`` int64."""
+    order = true_order(values)
+    ranks = torch.empty_like(order)
+    ar = torch.arange(1, values.shape[1] + 1, device=values.device).expand_as(order)
+    return ranks.scatter_(1, order, ar)
+
+
+def permutation_matrix(values: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Ground-truth Q ``(B, n, n)``: ``Q[b, r, c] = 1`` iff item c has rank r+1 (rank 1 = largest)."""
+    return F.one_hot(true_order(values), values.shape[1]).to(dtype)
+
+
+class SortingBCELoss(nn.Module):
+    """Cross-entropy between the operator's relaxed permutation P and the true permutation Q.
+
+    Args:
+        operator: a ranking operator providing ``"permutation"`` (full ``(B, n, n)`` P).
+        form: ``"bce"`` (default; official diffsort script: mean over B·n·n of
+            ``-[Q log P + (1-Q) log(1-P)]``), ``"ce"`` (thesis Eq. 3.12, columns: ``-(1/n) Σ_c log P[π(c), c]``),
+            or ``"ce_rows"`` (LapSum's permutation CE, rows: ``-(1/n) Σ_r log P[r, item of rank r]``);
+            the CE forms are averaged over the batch too.
+
+    ``forward(scores (B, n) float, values (B, n)) -> scalar``. P is clamped to [0, 1] before the logs
+    (sums of float rounding can leave it a hair outside) and logs are floored at -100 like ``BCELoss``
+    (and at log of the dtype's smallest normal number, -87.3 in float32, so that gradients stay finite).
+
+    Raises:
+        ValueError: an operator without ``"permutation"`` (message lists what it provides), an unknown
+            ``form``, or bad scores / values (shape mismatch, non-finite).
+    """
+
+    def __init__(self, operator: nn.Module, form: str = "bce") -> None:
+        super().__init__()
+        require(operator, PERMUTATION, f"{type(self).__name__} (loss=sort_bce)")
+        if form not in ("bce", "ce", "ce_rows"):
+            raise ValueError(f"form must be 'bce', 'ce' or 'ce_rows', got {form!r}")
+        self.operator, self.form = operator, form
+
+    def forward(self, scores: Tensor, values: Tensor) -> Tensor:
+        """Scalar loss (dtype of ``scores``)."""
+        _check_values(scores, values)
+        p = self.operator(scores).clamp(0.0, 1.0)
+        q = permutation_matrix(values, p.dtype)
+        # clamp before the log: log(0) = -inf would give 0 · inf = NaN gradients even where the floor applies
+        tiny = torch.finfo(p.dtype).tiny
+        log_p = torch.log(p.clamp_min(tiny)).clamp_min(_LOG_CLAMP)
+        if self.form == "bce":
+            log_1mp = torch.log((1 - p).clamp_min(tiny)).clamp_min(_LOG_CLAMP)
+            return -(q * log_p + (1 - q) * log_1mp).mean()
+        picked = (q * log_p).sum(dim=1 if self.form == "ce" else 2)  # (B, n): per column / per row
+        return -picked.mean()
+
+
+class SoftRankMSELoss(nn.Module):
+    """Mean squared error between the operator's soft ranks and the true ranks (1 = largest).
+
+    Thesis §3.5 ("Training Settings"): Fast Sort & Rank gives no P, so it is trained on ranks.
+
+    Args:
+        operator: a ranking operator providing ``"soft_rank"``.
+        normalize: divide ranks by n before the error (keeps the scale independent of n).
+
+    ``forward(scores (B, n) float, values (B, n)) -> scalar``, mean over B·n.
+
+    Raises:
+        ValueError: an operator without ``"soft_rank"``, or bad scores / values.
+    """
+
+    def __init__(self, operator: nn.Module, normalize: bool = False) -> None:
+        super().__init__()
+        require(operator, SOFT_RANK, f"{type(self).__name__} (loss=sort_rank_mse)")
+        self.operator, self.normalize = operator, bool(normalize)
+
+    def forward(self, scores: Tensor, values: Tensor) -> Tensor:
+        """Scalar loss (dtype of ``scores``)."""
+        _check_values(scores, values)
+        soft = self.operator.soft_rank(scores)
+        target = true_ranks(values).to(soft.dtype)
+        if self.normalize:
+            n = scores.shape[1]
+            soft, target = soft / n, target / n
+        return F.mse_loss(soft, target)

@@ -1,0 +1,92 @@
+"""Ranking-supervision losses: Q orientation by hand, minimal at the hard permutation, capability errors."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from diffrank.losses.sorting import SoftRankMSELoss, SortingBCELoss, permutation_matrix, true_order, true_ranks
+from diffrank.operators import load
+from diffrank.operators.base import RankingOperator
+
+
+class FixedP(RankingOperator):
+    """Returns a given P whatever the scores (to test the loss alone)."""
+
+    def __init__(self, p: torch.Tensor) -> None:
+        super().__init__(1.0)
+        self.p = p
+
+    def relaxed_permutation(self, scores, k):
+        return self.p
+
+
+def test_ground_truth_orientation_by_hand():
+    values = torch.tensor([[20, 50, 10]])
+    assert true_order(values).tolist() == [[1, 0, 2]]   # rank 1 = the largest value (item 1)
+    assert true_ranks(values).tolist() == [[2, 1, 3]]
+    assert permutation_matrix(values)[0].tolist() == [[0, 1, 0], [1, 0, 0], [0, 0, 1]]
+    assert true_order(torch.tensor([[3, 3, 1]])).tolist() == [[0, 1, 2]]  # ties by item index
+
+
+def test_hard_permutation_is_the_minimum_over_all_permutations():
+    values = torch.tensor([[20, 50, 10, 40]])
+    q = permutation_matrix(values)
+    for form in ("bce", "ce", "ce_rows"):
+        losses = {}
+        for perm in itertools.permutations(range(4)):
+            p = torch.eye(4)[list(perm)].unsqueeze(0)
+            losses[perm] = SortingBCELoss(FixedP(p), form=form)(torch.zeros(1, 4), values).item()
+        best = min(losses, key=losses.get)
+        assert torch.equal(torch.eye(4)[list(best)], q[0]) and losses[best] == 0.0
+        assert sorted(losses.values())[1] > 1.0  # any other permutation costs a clamped log
+
+
+def test_bce_value_by_hand():
+    p = torch.tensor([[[0.8, 0.2], [0.2, 0.8]]])
+    values = torch.tensor([[2, 1]])  # item 0 first: Q = I
+    expected = -torch.log(torch.tensor(0.8))  # every entry contributes -log 0.8
+    assert SortingBCELoss(FixedP(p))(torch.zeros(1, 2), values).item() == pytest.approx(expected.item(), rel=1e-6)
+    ce = SortingBCELoss(FixedP(p), form="ce")(torch.zeros(1, 2), values).item()
+    assert ce == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_loss_decreases_towards_the_true_order_with_an_operator():
+    op = load("neuralsort", beta=4.0)
+    loss = SortingBCELoss(op)
+    values = torch.tensor([[3, 1, 2, 5, 4]])
+    good = values.float()
+    assert loss(good, values) < loss(-good, values)
+    assert loss(10 * good, values) < loss(good, values)  # sharper and right: closer to the hard Q
+    assert loss(10 * good, values).item() < 1e-3
+
+
+def test_gradients_stay_finite_when_p_has_exact_zeros():
+    s = torch.tensor([[0.0, 100.0, -100.0]], requires_grad=True)
+    loss = SortingBCELoss(load("neuralsort", beta=10.0))(s, torch.tensor([[3, 2, 1]]))
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(s.grad).all()
+
+
+def test_rank_mse_with_fast_soft_sort():
+    loss = SoftRankMSELoss(load("fast_soft_sort", beta=100.0))
+    values = torch.tensor([[3, 1, 2]])
+    assert loss(torch.tensor([[3.0, 1.0, 2.0]]), values).item() == pytest.approx(0.0, abs=1e-6)
+    assert loss(torch.tensor([[1.0, 3.0, 2.0]]), values).item() == pytest.approx(8 / 3, rel=1e-5)
+
+
+def test_operator_that_cannot_serve_the_loss_is_rejected():
+    with pytest.raises(ValueError, match="needs an operator that provides 'permutation'.*FastSoftSort"):
+        SortingBCELoss(load("fast_soft_sort"))
+    with pytest.raises(ValueError, match="form"):
+        SortingBCELoss(load("neuralsort"), form="kl")
+
+
+def test_bad_scores_or_values():
+    loss = SortingBCELoss(load("neuralsort"))
+    with pytest.raises(ValueError, match="shape"):
+        loss(torch.zeros(2, 3), torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="non-finite"):
+        loss(torch.tensor([[0.0, float("nan")]]), torch.tensor([[1, 2]]))

@@ -1,0 +1,81 @@
+"""scripts/compare_to_paper.py on synthetic results.json files, checked cell by cell."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+
+import pytest
+
+from conftest import ROOT
+from diffrank import reference
+
+spec = importlib.util.spec_from_file_location("compare_to_paper", ROOT / "scripts" / "compare_to_paper.py")
+ctp = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ctp)
+
+CAUCHY5 = {"paper": "petersen_thesis_2022", "table": "3.7", "dataset": "mnist4", "method": "Cauchy CDF",
+           "network": "odd_even", "n": 5}
+ART3 = {"paper": "petersen_thesis_2022", "table": "3.3", "dataset": "mnist4", "method": "ART (odd-even)", "n": 3}
+
+
+def _write(folder, name, paper, metrics, steps=1000, batch=20):
+    d = folder / name
+    d.mkdir(parents=True)
+    (d / "results.json").write_text(json.dumps({
+        "paper": paper, "metrics": metrics, "overrides": [f"trainer.max_steps={steps}"],
+        "config": {"trainer": {"max_steps": 99}, "data": {"batch_size": batch}}}))
+
+
+def test_reference_tables_load_and_match():
+    names = reference.table_names()
+    assert "sorting_thesis_table3_7" in names and "lapsum_icml2025_table4" in names and "topk_icml2022_table1" in names
+    rows = reference.match(CAUCHY5)
+    assert sorted((r["metric"], r["value"]) for r in rows) == [("EM", "84.9"), ("EW", "93.2")]
+    assert reference.match({"paper": "struski_lapsum_icml2025", "n": 5, "method": "LapSum (ours)", "metric": "EM"})[0][
+        "value"] == "84.2"
+    with pytest.raises(KeyError, match="not reference columns"):
+        reference.match({"colour": "red"})
+    with pytest.raises(KeyError, match="known"):
+        reference.load_table("nope")
+
+
+def test_report_cell_by_cell(tmp_path):
+    runs = tmp_path / "runs"
+    _write(runs, "a/0", CAUCHY5, {"test/em": 0.80, "test/ew": 0.90, "val/em": 0.5})
+    _write(runs, "a/1", CAUCHY5, {"test/em": 0.84, "test/ew": 0.92})
+    _write(runs, "b", ART3, {"test/em": 0.95, "test/ew": 0.97, "test/em5": 0.86}, steps=500, batch=100)
+    _write(runs, "c", None, {"test/em": 0.1})  # no paper key: skipped
+    _write(runs, "d", {**CAUCHY5, "method": "Cauchy typo"}, {"test/em": 0.1})
+    out = tmp_path / "report"
+    result = ctp.main([str(runs), "--out", str(out), "--quiet"])
+    assert result["runs"] == 4 and result["skipped"] == 1 and len(result["unmatched"]) == 1
+    md = (out / "report.md").read_text()
+    assert (out / "report.png").stat().st_size > 1000
+    t37 = result["tables"][("petersen_thesis_2022", "3.7")]
+    header, cells = ctp.table_rows(t37)
+    assert header == ["method", "n", "metric", "paper", "ours", "Δ", "runs", "steps×batch"]
+    # EM: mean(80, 84) = 82, sample std = 2.83, Δ = 82 - 84.9 = -2.9
+    assert cells[0] == ["Cauchy CDF", "5", "EM", "84.9", "82.00 ± 2.83", "-2.90", "2", "1000×20"]
+    assert cells[1] == ["Cauchy CDF", "5", "EW", "93.2", "91.00 ± 1.41", "-2.20", "2", "1000×20"]
+    t33 = {c[2]: c for c in ctp.table_rows(result["tables"][("petersen_thesis_2022", "3.3")])[1]}
+    assert t33["EM"][3:] == ["95.2", "95.00", "-0.20", "1", "500×100"]
+    assert t33["EM5"][3:5] == ["86.1", "86.00"]
+    assert "## petersen_thesis_2022, Table 3.7" in md and "| Cauchy CDF | 5 | EM | 84.9 | 82.00 ± 2.83 | -2.90 |" in md
+    assert "Cauchy typo" in md  # unmatched keys are listed
+
+
+def test_missing_metric_and_fraction_tables(tmp_path):
+    key = {"paper": "petersen_thesis_2022", "table": "2.1", "method": "Det. NeuralSort", "n": 3}
+    _write(tmp_path, "r", key, {"test/em": 0.9})  # no EW logged
+    result = ctp.collect([tmp_path])
+    lines = {ln["metric"]: ln for ln in result["tables"][("petersen_thesis_2022", "2.1")]}
+    assert lines["EM"]["mean"] == pytest.approx(90.0)  # table 2.1 is stored x100: ours in %
+    assert lines["EW"]["runs"] == 0 and math.isnan(lines["EW"]["mean"]) and ctp.fmt(lines["EW"]["mean"]) == "—"
+    assert ctp._is_fraction({"note": "fractions"}) and not ctp._is_fraction({"note": "printed as fraction; value x100"})
+
+
+def test_missing_folder_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such"):
+        ctp.collect([tmp_path / "nope"])
