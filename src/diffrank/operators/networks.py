@@ -57,6 +57,26 @@ class Layer:
         """Number of comparators c."""
         return int(self.hi.shape[0])
 
+    @functools.cached_property
+    def block(self) -> tuple[int, int, int] | None:
+        """``(offset, nblocks, d)`` if the layer's wire pairs are exactly {(o + 2dq + j, o + 2dq + j + d) :
+        q < nblocks, j < d} (odd-even and power-of-two bitonic layers), else ``None``.
+
+        Such a layer is a strided view of the wires, (nblocks, 2, d), so it is evaluated without gathers.
+        """
+        if self.size == 0:
+            return None
+        first = np.minimum(self.hi, self.lo)
+        second = np.maximum(self.hi, self.lo)
+        d = int(second[0] - first[0])
+        if not (second - first == d).all() or self.size % d:
+            return None
+        off, nb = int(first.min()), self.size // d
+        expect = off + (np.arange(nb)[:, None] * 2 * d + np.arange(d)[None, :]).ravel()
+        if off + 2 * d * nb > self.n or not np.array_equal(np.sort(first), expect):
+            return None
+        return off, nb, d
+
     def tensors(self, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """The layer as a wire permutation and a direction sign, cached per (device, dtype).
 
@@ -337,12 +357,10 @@ def hard_evaluate(network: Network, x: Tensor) -> Tensor:
     """
     if x.dim() != 2 or x.shape[1] != network.n:
         raise ValueError(f"x must have shape (B, {network.n}), got {tuple(x.shape)}")
-    x = x.clone()
     for layer in network.layers:
-        hi = torch.from_numpy(layer.hi).to(x.device)
-        lo = torch.from_numpy(layer.lo).to(x.device)
-        a, b = x[:, hi], x[:, lo]
-        x[:, hi] = torch.maximum(a, b)
-        x[:, lo] = torch.minimum(a, b)
+        partner, sign = layer.tensors(x.device, torch.float32)
+        xp = x.index_select(1, partner)
+        # idle wires have partner = self, so min(x, x) = x keeps them
+        x = torch.where(sign > 0, torch.maximum(x, xp), torch.minimum(x, xp))
     perm = network.out_perm_tensor(x.device)
     return x if perm is None else x[:, perm]

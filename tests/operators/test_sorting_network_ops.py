@@ -1,0 +1,194 @@
+"""The four sorting-network operators: stochasticity, bidirectional rows = full P rows, fused backward vs
+autograd, gradcheck for every sigmoid, monotonicity, hard limit, peer parity (diffsort / difftopk), dtypes."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+import torch
+
+from diffrank.operators import load
+from diffrank.operators.networks import bitonic, odd_even, splitter_selection
+from diffrank.operators.sigmoids import SIGMOIDS
+from diffrank.operators.sorting_network import reference_forward, run_network
+
+SIGS = list(SIGMOIDS)
+FULL = ["diffsort_odd_even", "diffsort_bitonic", "difftopk_bitonic"]
+
+
+def _x(B, n, seed=0, dtype=torch.float64):
+    return torch.randn(B, n, dtype=dtype, generator=torch.Generator().manual_seed(seed))
+
+
+def _to_ours(p_peer):
+    """Peer [b, item, ascending position] -> ours [b, rank (0 = largest), item] (spec §0 item 1)."""
+    return p_peer.transpose(1, 2).flip(1)
+
+
+@pytest.mark.parametrize("name", FULL)
+@pytest.mark.parametrize("n", [5, 8, 13])
+def test_doubly_stochastic_and_rows(name, n):
+    op = load(name)
+    s = _x(3, n, n)
+    p = op(s)
+    torch.testing.assert_close(p.sum(-1), torch.ones(3, n, dtype=p.dtype), atol=1e-12, rtol=0)
+    torch.testing.assert_close(p.sum(-2), torch.ones(3, n, dtype=p.dtype), atol=1e-12, rtol=0)
+    assert (p >= 0).all()
+    for k in (1, 3, n):
+        torch.testing.assert_close(op(s, k=k), p[:, :k], atol=1e-12, rtol=0)
+    torch.testing.assert_close(op.soft_sort(s), (p @ s.unsqueeze(-1)).squeeze(-1), atol=1e-12, rtol=0)
+    ranks = torch.arange(1, n + 1, dtype=s.dtype).view(1, -1, 1)
+    torch.testing.assert_close(op.soft_rank(s), (ranks * p).sum(1), atol=1e-10, rtol=0)
+    torch.testing.assert_close(op.topk_membership(s, [2, 4]), p.cumsum(1)[:, [1, 3]], atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("sig", SIGS)
+@pytest.mark.parametrize("mode", ["values", "full", "rows"])
+def test_fused_backward_equals_autograd(sig, mode):
+    for net in (odd_even(7), bitonic(8), bitonic(11), splitter_selection(13, 3)):
+        x = _x(3, net.n, 1).requires_grad_()
+        y0 = _x(1, 4 * net.n, 2).view(1, 4, net.n) if mode == "rows" else None
+        a = run_network(net, x, 2.0, sig, 0.4, mode, y0)
+        b = reference_forward(net, x, 2.0, sig, 0.4, mode, y0)
+        g = torch.randn_like(a)
+        (ga,) = torch.autograd.grad((a * g).sum(), x)
+        (gb,) = torch.autograd.grad((b * g).sum(), x)
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+        torch.testing.assert_close(ga, gb, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("sig", SIGS)
+@pytest.mark.parametrize("name", FULL + ["difftopk_splitter"])
+def test_gradcheck_every_sigmoid(name, sig):
+    op = load(name, beta=1.5, sigmoid=sig, art_lambda=0.5)
+    s = _x(2, 6, 3).requires_grad_()
+    if name == "difftopk_splitter":
+        assert torch.autograd.gradcheck(lambda z: op.topk_rows(z, 2), (s,))
+        assert torch.autograd.gradcheck(lambda z: op.topk_membership(z, [1, 3]), (s,))
+        return
+    assert torch.autograd.gradcheck(lambda z: op(z), (s,))
+    assert torch.autograd.gradcheck(lambda z: op(z, k=2), (s,))
+    assert torch.autograd.gradcheck(lambda z: op.soft_sort(z), (s,))
+
+
+@pytest.mark.parametrize("sig", ["reciprocal", "cauchy", "optimal"])
+@pytest.mark.parametrize("name", ["diffsort_odd_even", "diffsort_bitonic"])
+def test_monotonic_sigmoids(name, sig):
+    """Thesis Thm 3.2-3.7: with a monotonic sigmoid every soft-sorted output is non-decreasing in every
+    input (non-negative Jacobian). Note: this does NOT make the soft-sorted outputs themselves ordered —
+    at β = 0.7, n = 9 about 10-20 % of adjacent odd-even outputs (cauchy / reciprocal) are increasing;
+    each comparator orders its own two outputs, later layers can undo it."""
+    op = load(name, beta=0.7, sigmoid=sig)
+    s = _x(16, 9, 4)
+    jac = torch.autograd.functional.jacobian(lambda z: op.soft_sort(z), s[:2])  # (2, 9, 2, 9)
+    assert (jac >= -1e-12).all()
+
+
+def test_logistic_is_not_monotonic():
+    """The property above can fail: logistic relaxations have negative Jacobian entries (thesis Fig. 3.5)."""
+    op = load("diffsort_odd_even", beta=0.5, sigmoid="logistic")
+    s = _x(2, 9, 4) * 3
+    jac = torch.autograd.functional.jacobian(lambda z: op.soft_sort(z), s)
+    assert (jac < -1e-6).any()
+
+
+@pytest.mark.parametrize("name", FULL)
+@pytest.mark.parametrize("n", [2, 5, 22, 38, 100])
+def test_hard_limit_sorts(name, n):
+    op = load(name, beta=1e4, sigmoid="logistic")
+    g = torch.Generator().manual_seed(n)
+    s = torch.stack([torch.randperm(n, generator=g) for _ in range(4)]).double()
+    torch.testing.assert_close(op.soft_sort(s), s.sort(dim=1, descending=True).values, atol=1e-9, rtol=0)
+    hard = torch.zeros(4, n, n, dtype=s.dtype).scatter_(2, s.argsort(1, descending=True).unsqueeze(-1), 1.0)
+    torch.testing.assert_close(op(s, k=min(5, n)), hard[:, : min(5, n)], atol=1e-9, rtol=0)
+
+
+@pytest.mark.parametrize("n", [5, 30, 64])
+def test_splitter_hard_limit_topk(n):
+    op = load("difftopk_splitter", beta=1e4, sigmoid="logistic")
+    g = torch.Generator().manual_seed(n)
+    s = torch.stack([torch.randperm(n, generator=g) for _ in range(4)]).double()
+    k = min(5, n)
+    hard = torch.zeros(4, n, n, dtype=s.dtype).scatter_(2, s.argsort(1, descending=True).unsqueeze(-1), 1.0)
+    torch.testing.assert_close(op.topk_rows(s, k), hard[:, :k], atol=1e-9, rtol=0)
+    member = op.topk_membership(s, [1, k])
+    torch.testing.assert_close(member[:, 1], hard[:, :k].sum(1), atol=1e-9, rtol=0)
+
+
+def test_splitter_capabilities():
+    op = load("difftopk_splitter")
+    s = _x(2, 7)
+    for call in (lambda: op(s), lambda: op.soft_sort(s), lambda: op.soft_rank(s)):
+        with pytest.raises(ValueError, match="provides only"):
+            call()
+    rows = op.topk_rows(s, 3)
+    assert rows.shape == (2, 3, 7)
+    torch.testing.assert_close(rows.sum(-1), torch.ones(2, 3, dtype=s.dtype), atol=1e-12, rtol=0)
+    assert (rows.sum(-2) <= 1 + 1e-12).all()
+    torch.testing.assert_close(op.topk_membership(s, [3]), rows.sum(1, keepdim=True), atol=1e-12, rtol=0)
+
+
+def test_bad_constructor_args():
+    with pytest.raises(ValueError, match="known sigmoids"):
+        load("diffsort_bitonic", sigmoid="softmax")
+    with pytest.raises(ValueError, match="art_lambda"):
+        load("difftopk_bitonic", art_lambda=1.5)
+
+
+@pytest.mark.parametrize("sig", SIGS)
+def test_parity_diffsort(sig):
+    diffsort = pytest.importorskip("diffsort")
+    for kind, name, sizes in (("odd_even", "diffsort_odd_even", [2, 3, 8, 9, 16]),
+                              ("bitonic", "diffsort_bitonic", [2, 4, 16, 32])):
+        for n in sizes:
+            s = _x(3, n, n)
+            ref = diffsort.DiffSortNet(kind, n, steepness=3.0, distribution=sig, art_lambda=0.3)
+            sorted_ref, p_ref = ref(s)
+            op = load(name, beta=3.0, sigmoid=sig, art_lambda=0.3)
+            # 'optimal' differs by the reference's +1e-10 in 1/(16(|v| + 1e-10))
+            torch.testing.assert_close(op(s), _to_ours(p_ref), atol=1e-8, rtol=0)
+            torch.testing.assert_close(op.soft_sort(s), sorted_ref.flip(1), atol=1e-8, rtol=0)
+
+
+@pytest.mark.parametrize("sig", SIGS)
+def test_parity_difftopk_dense_bitonic(sig):
+    with contextlib.redirect_stdout(io.StringIO()):
+        difftopk = pytest.importorskip("difftopk")
+    n, k = 32, 5
+    s = _x(3, n, 7, torch.float32)  # difftopk's dense path is float32 only
+    _, x_ref = difftopk.DiffTopkNet("bitonic", n, k, sparse=False, steepness=2.0, distribution=sig, art_lambda=0.4)(s)
+    ours = load("difftopk_bitonic", beta=2.0, sigmoid=sig, art_lambda=0.4)(s, k=k)
+    torch.testing.assert_close(ours, _to_ours(x_ref), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", FULL + ["difftopk_splitter"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_dtypes_every_path(name, dtype):
+    op = load(name)
+    s = torch.randn(3, 11).to(dtype)
+    outs = [op.topk_membership(s, [1, 4])]
+    if name == "difftopk_splitter":
+        outs.append(op.topk_rows(s, 4))
+    else:
+        outs += [op(s), op(s, k=4), op.soft_sort(s), op.soft_rank(s)]
+    for out in outs:
+        assert out.dtype == dtype and torch.isfinite(out.float()).all()
+
+
+def test_device_and_any_n_from_one_instance():
+    op = load("difftopk_bitonic")
+    for n in (3, 17, 64, 100):
+        assert op(torch.randn(2, n), k=2).shape == (2, 2, n)
+    assert op(torch.randn(2, 1)).shape == (2, 1, 1)
+
+
+@pytest.mark.parametrize("n", [1000])
+def test_topk_rows_memory_is_linear(n):
+    """k rows at n = 1000 with autograd: saved tensors O(L·B·k·n), far below one (B, n, n) per layer."""
+    op = load("difftopk_bitonic")
+    s = torch.randn(8, n, requires_grad=True)
+    rows = op(s, k=5)
+    rows.sum().backward()
+    assert rows.shape == (8, 5, n) and torch.isfinite(s.grad).all()
