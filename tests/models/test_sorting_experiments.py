@@ -12,10 +12,29 @@ from diffrank.train import train
 
 EXPERIMENTS = [e for e in options("experiment") if e.startswith("sort_")]
 SMALL = ["data=digits_sort", "data.batch_size=8", "data.val_sets=8", "data.test_sets=8", "data.eval_batch_size=8"]
+SMALL_SVHN = ["data.batch_size=4", "data.eval_batch_size=4"]  # + paths.data_dir=<tiny files>
 # one per operator family / loss / network, and the extreme n
 REPRESENTATIVE = ["sort_mnist_t3_7_oe_cauchy_n5", "sort_mnist_t3_3_bi_art_n4", "sort_mnist_t3_7_sinkhorn_n3",
                   "sort_mnist_t3_7_fast_soft_sort_n5", "sort_mnist_lapsum_t4_n5", "sort_mnist_t7_3_softsort_n10",
-                  "sort_mnist_t3_7_bi_reciprocal_n32"]
+                  "sort_mnist_t3_7_bi_reciprocal_n32", "sort_svhn_t3_4_bi_art_n8"]
+
+
+@pytest.fixture(scope="module")
+def svhn_root(tmp_path_factory):
+    """Tiny SVHN files in the official format (random pixels, labels = house numbers)."""
+    from diffrank.data.svhn_sort import SVHN_FILES
+
+    root = tmp_path_factory.mktemp("svhn")
+    (root / "SVHNMultiDigit").mkdir()
+    g = torch.Generator().manual_seed(0)
+    for name, size in zip(SVHN_FILES.values(), (300, 100, 100)):
+        images = torch.randint(0, 256, (size, 3, 64, 64), generator=g, dtype=torch.uint8)
+        torch.save((images, torch.randint(1, 10000, (size,), generator=g)), root / "SVHNMultiDigit" / name)
+    return root
+
+
+def _small(name, svhn_root):
+    return [*SMALL_SVHN, f"paths.data_dir={svhn_root}"] if name.startswith("sort_svhn") else SMALL
 
 
 def test_mnist_and_svhn_nets_have_the_papers_sizes():
@@ -40,7 +59,7 @@ def test_module_scores_each_image_independently():
 
 
 def test_experiment_count_and_paper_keys():
-    assert len(EXPERIMENTS) >= 100 and set(REPRESENTATIVE) <= set(EXPERIMENTS)
+    assert len(EXPERIMENTS) >= 170 and set(REPRESENTATIVE) <= set(EXPERIMENTS)
     import yaml
 
     from conftest import CONFIGS
@@ -63,8 +82,8 @@ def test_experiments_compose(compose_train, names):
 
 
 @pytest.mark.parametrize("name", REPRESENTATIVE)
-def test_fast_dev_run_representative(compose_train, name):
-    metrics, objects = train(compose_train([f"experiment={name}", *SMALL]))
+def test_fast_dev_run_representative(compose_train, svhn_root, name):
+    metrics, objects = train(compose_train([f"experiment={name}", *_small(name, svhn_root)]))
     assert {"test/em", "test/ew", "test/em5"} <= set(metrics)
     assert all(0 <= metrics[k] <= 1 for k in ("test/em", "test/ew", "test/em5"))
     assert objects["results"]["paper"]["n"] == objects["datamodule"].n
@@ -72,8 +91,8 @@ def test_fast_dev_run_representative(compose_train, name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [e for e in EXPERIMENTS if e not in REPRESENTATIVE])
-def test_fast_dev_run_all(compose_train, name):
-    metrics, _ = train(compose_train([f"experiment={name}", *SMALL]))
+def test_fast_dev_run_all(compose_train, svhn_root, name):
+    metrics, _ = train(compose_train([f"experiment={name}", *_small(name, svhn_root)]))
     assert {"test/em", "test/ew", "test/em5"} <= set(metrics)
 
 
