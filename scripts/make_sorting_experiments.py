@@ -1,11 +1,11 @@
 """Write one experiment config per reproducible row × n of the sorting tables (configs/experiment/sort_*.yaml).
 
-Sources: thesis Tables 3.3, 3.6, 3.7 (MNIST), 7.3 ("Regular" rows) with the β of Table 3.8 and the ART
+Sources: thesis Tables 3.3, 3.4, 3.5, 3.6, 3.7, 7.3 ("Regular" rows) with the β of Table 3.8 and the ART
 rule β = 2 · layers (spec ``sorting_benchmark.md`` §5, §7), and LapSum (ICML 2025) Table 4. Every config
 carries a ``paper:`` key whose fields are columns of ``src/diffrank/reference/*.csv``: the rows with
 exactly those values are the published numbers of that run (``scripts/compare_to_paper.py``).
 
-SVHN rows (Tables 3.4, 3.6, 3.7) use ``data=svhn_sort`` and the SVHN CNN. Not generated: Table 3.5 (large n),
+SVHN rows (Tables 3.4, 3.6, 3.7) use ``data=svhn_sort`` and the SVHN CNN. Not generated:
 Table 2.1 (relaxed Bubble sort: no operator), stochastic NeuralSort (no operator), Newton losses.
 
 Usage: ``python scripts/make_sorting_experiments.py`` (rewrites the files; commit them).
@@ -70,7 +70,7 @@ def _block(name: str, d: dict) -> str:
 
 def write(name: str, title: str, *, operator: str, op: dict, paper: dict, n: int, steps: int,
           loss: str = "sort_bce", loss_args: dict | None = None, batch: int = 100,
-          lr: float = 10 ** -3.5, dataset: str = "mnist4") -> str:
+          lr: float = 10 ** -3.5, dataset: str = "mnist4", data_extra: dict | None = None) -> str:
     """Write ``configs/experiment/<name>.yaml`` and return its name."""
     data = "mnist_sort" if dataset == "mnist4" else "svhn_sort"
     model = "model:\n" + ("  net:\n    channels: [32, 64, 128, 256]   # the SVHN CNN\n" if dataset == "svhn" else "")
@@ -87,7 +87,7 @@ def write(name: str, title: str, *, operator: str, op: dict, paper: dict, n: int
         "optimized_metric: val/em5   # model selection at the best validation EM5 (official code)\n"
         "optimized_mode: max\n"
         + "paper:\n" + "".join(f"  {k}: {_fmt(v)}\n" for k, v in paper.items())
-        + _block("data", {"n": n, "batch_size": batch})
+        + _block("data", {"n": n, "batch_size": batch, **(data_extra or {})})
         + _block("operator", op)
         + (_block("loss", loss_args) if loss_args else "")
         + model + "  optimizer:\n    lr: " + _fmt(float(lr)) + "\n"
@@ -190,7 +190,32 @@ def main() -> list[str]:
             paper={"paper": "struski_lapsum_icml2025", "table": "4", "dataset": "mnist4", "method": "LapSum (ours)",
                    "n": n},
             n=n, steps=100000, batch=20, lr=1e-3))
+    names += table_3_5()
     names += svhn()
+    return names
+
+
+def table_3_5() -> list[str]:
+    """Table 3.5 (large n, bitonic σ∘φ, EM5 after 1e4 steps, 10 runs): one config per column; the β rows are a
+    sweep ``operator.beta=30,32.5,35,37.5,40`` — the paper key's ``setting`` interpolates β, so each job
+    matches its own cell (β must be given as printed: 30, not 30.0)."""
+    names = []
+    columns = [(0.25, 32, 128, "fixed_images"), (0.4, 32, 128, "fixed_images"), (0.4, 64, 64, "fixed_images"),
+               (0.4, 128, 32, "fixed_images"), (0.4, 256, 16, "fixed_images"), (0.4, 512, 8, "fixed_images"),
+               (0.4, 1024, 4, "both"), (0.4, 32, 4, "fixed_batch"), (0.4, 64, 4, "fixed_batch"),
+               (0.4, 128, 4, "fixed_batch"), (0.4, 256, 4, "fixed_batch"), (0.4, 512, 4, "fixed_batch")]
+    for lam, n, batch, half in columns:
+        name = f"sort_mnist_t3_5_bi_l{str(lam).replace('.', '')}_n{n}_b{batch}"
+        setting = f"lambda={lam};batch={batch};beta=${{operator.beta}};steps=1e4;half={half}"
+        names.append(write(
+            name, f"Thesis Table 3.5: bitonic σ∘φ ART, λ = {lam}, n = {n}, batch {batch}; sweep operator.beta over "
+            "30,32.5,35,37.5,40 (default 30).",
+            operator="diffsort_bitonic", op={"beta": 30, "sigmoid": "logistic_phi", "art_lambda": lam},
+            paper={"paper": THESIS, "table": "3.5", "dataset": "mnist4", "n": n, "setting": setting},
+            n=n, steps=10000, batch=batch,
+            # about 25 000 / 50 000 evaluation images whatever n (EM5 uses the n-sets' 5-chunks)
+            data_extra={"val_sets": max(10, 25000 // n), "test_sets": max(10, 50000 // n),
+                        "eval_batch_size": max(1, min(100, 4096 // n))}))
     return names
 
 

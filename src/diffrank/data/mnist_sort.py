@@ -12,9 +12,10 @@ splits. Pixels are uint8/255 in [0, 1], no normalisation, no augmentation.
 Sampling: training sets are drawn afresh for every batch from ``(seed, epoch, batch index)`` (the
 official code carries one RNG state; ours gives the same distribution and stays deterministic with
 several workers or processes). Validation and test collections are materialised once per seed (the
-spec's recommendation) as digit indices, and composed into images batch by batch. Evaluation batches
-also carry a dedicated collection of 5-sets from the same split for EM5 (spec §6): for n = 5 the
-n-sets themselves are used.
+spec's recommendation) as digit indices, and composed into images batch by batch. EM5 (spec §6) needs
+sets of 5 from the same split: for n < 5 evaluation batches carry a dedicated collection of 5-sets; for
+n >= 5 the model reads EM5 off the ⌊n/5⌋ disjoint 5-chunks of each n-set, which are 5-sets of
+independently drawn numbers too (so large n costs no extra images).
 
 - ``data=mnist_sort``: :class:`MultiDigitSortDataModule` on torchvision's MNIST files.
 - ``data=digits_sort``: the same construction from scikit-learn's 1 797 real 8 x 8 digits (numbers are
@@ -208,14 +209,15 @@ class MultiDigitSortDataModule(L.LightningDataModule):
         val_sets / test_sets: size of the fixed evaluation collections (5 000 / 10 000 in the code).
         val_pool: images at the end of the MNIST training set used as the validation pool (5 000).
         eval_batch_size: sets per evaluation batch (default ``batch_size``).
-        em5: also build dedicated 5-sets for EM5 (for n = 5 the n-sets are used).
+        em5: build dedicated 5-sets for EM5 when n < 5 (for n >= 5 the 5-chunks of the n-sets serve).
         seed: seeds the evaluation collections and the training draws.
         num_workers: DataLoader workers.
         fractions: (train, val, test) pool shares for ``source="digits"``.
         image_shape: optional, checked against the data (the yaml states it for interpolation).
 
     Batches: train ``(images (B, n, 1, H, W) float32 in [0, 1], values (B, n) int64)``; val / test add
-    ``(images5 (B, 5, 1, H, W), values5 (B, 5))`` when ``em5``. MNIST: H, W = 28, 28·digits; digits: 8, 8·digits.
+    ``(images5 (B, 5, 1, H, W), values5 (B, 5))`` when ``em5`` and n < 5.
+    MNIST: H, W = 28, 28·digits; digits: 8, 8·digits.
 
     Raises:
         ValueError: bad sizes or source; image_shape disagreeing with the data.
@@ -279,10 +281,9 @@ class MultiDigitSortDataModule(L.LightningDataModule):
             rng = np.random.default_rng([self.seed, k])
             pool = self.pools[name]
             idx = pool.draw(rng, count, self.n, self.digits)
-            idx5 = None
-            if self.em5:
-                idx5 = idx if self.n == 5 else pool.draw(rng, count, 5, self.digits)
-            self.datasets[name] = FixedSets(pool, idx, None if self.n == 5 and idx5 is idx else idx5)
+            # n >= 5: EM5 is read off disjoint 5-chunks of the n-sets (their numbers are i.i.d.), no extra images
+            idx5 = pool.draw(rng, count, 5, self.digits) if self.em5 and self.n < 5 else None
+            self.datasets[name] = FixedSets(pool, idx, idx5)
 
     def train_dataloader(self) -> DataLoader:
         """One fresh batch per step (the dataset yields whole batches, ``batch_size=None``)."""

@@ -10,7 +10,8 @@ Preprocessing as the official code, on *every* split: a random 54 x 54 crop, pix
 normalisation with mean 0.5 and std 0.5 per channel (values in [-1, 1]). Numbers are used as they are
 (1-5 digits, no concatenation). A set = n consecutive images of the loader: shuffled anew every epoch for
 training, in file order for validation / test (whose crops we fix per seed, like the MNIST collections).
-EM5 sets for validation / test: consecutive 5-image chunks of a seeded permutation of the split.
+EM5 for n < 5: dedicated 5-sets, consecutive 5-image chunks of a seeded permutation of the split; for
+n >= 5 the model uses the disjoint 5-chunks of the n-sets (the official code: the first 5 of each set).
 """
 
 from __future__ import annotations
@@ -144,13 +145,13 @@ class SVHNSortDataModule(L.LightningDataModule):
         check_md5: verify the official checksums (reads the files twice).
         batch_size: sets per batch (100). eval_batch_size: sets per evaluation batch.
         crop: crop side (54).
-        em5: add dedicated 5-sets to validation / test batches (not when n = 5).
+        em5: add dedicated 5-sets to validation / test batches when n < 5.
         seed: seeds shuffling, crops and the 5-sets.
         num_workers: DataLoader workers.
         image_shape: optional, checked against ``(3, crop, crop)``.
 
     Batches: train ``(images (B, n, 3, 54, 54) float32 in [-1, 1], values (B, n) int64)``; val / test add
-    ``(images5 (B, 5, …), values5 (B, 5))`` when ``em5`` and n != 5.
+    ``(images5 (B, 5, …), values5 (B, 5))`` when ``em5`` and n < 5.
 
     Raises:
         ValueError: bad sizes; FileNotFoundError: missing files (see :func:`load_svhn_split`).
@@ -182,7 +183,7 @@ class SVHNSortDataModule(L.LightningDataModule):
                                  f"{self.crop}")
             train = split == "train"
             ds = _SVHNSets(images, labels, self.n, self.crop, self.seed + (0 if train else 7 * (split == "test")),
-                           batch_size=self.batch_size, train=train, with5=self.em5 and self.n != 5)
+                           batch_size=self.batch_size, train=train, with5=self.em5 and self.n < 5)
             if len(ds) == 0:
                 raise ValueError(f"SVHN {split} has {len(images)} images: too few for one batch of sets")
             self.datasets[split] = ds

@@ -69,8 +69,8 @@ class RankingSupervisionModule(L.LightningModule):
 
     Batches: ``(images (B, n, C, H, W), values (B, n))``, evaluation batches optionally followed by
     ``(images5 (B, 5, C, H, W), values5 (B, 5))``, dedicated 5-sets for EM5. Without them EM5 is EM on
-    the first five items of each set when n >= 5 (the reference code's definition) and is not logged
-    for n < 5.
+    the ⌊n/5⌋ disjoint 5-chunks of each set when n >= 5 (the reference code takes the first chunk only;
+    more chunks = more 5-sets from the same images) and is not logged for n < 5.
 
     Logged: ``train/loss``; ``val/loss``, ``val/em``, ``val/ew``, ``val/em5``, ``val/em5_best``;
     ``test/loss``, ``test/em``, ``test/ew``, ``test/em5`` (fractions in [0, 1]).
@@ -125,7 +125,9 @@ class RankingSupervisionModule(L.LightningModule):
         if len(batch) >= 4:
             s5, v5 = self(batch[2]), batch[3]
         elif values.shape[1] >= 5:
-            s5, v5 = scores[:, :5], values[:, :5]
+            # disjoint 5-chunks of each set: independent 5-sets (numbers are drawn independently)
+            c = 5 * (values.shape[1] // 5)
+            s5, v5 = scores[:, :c].reshape(-1, 5), values[:, :c].reshape(-1, 5)
         else:
             return
         m = self.metrics[f"{stage}_em5"]

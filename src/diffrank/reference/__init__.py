@@ -62,7 +62,7 @@ def _norm(v: object) -> str:
 
 
 def match(key: Mapping[str, object], rows: list[dict[str, str]] | None = None) -> list[dict[str, str]]:
-    """Rows whose columns equal every entry of ``key`` (compared as strings, ``5`` == ``"5"``).
+    """Rows whose columns equal every entry of ``key`` (compared as strings, ``5`` == ``"5"``), duplicates once.
 
     Args:
         key: an experiment's ``paper:`` dict; its keys must be column names.
@@ -75,7 +75,15 @@ def match(key: Mapping[str, object], rows: list[dict[str, str]] | None = None) -
     if bad:
         raise KeyError(f"paper key fields {bad} are not reference columns {list(COLUMNS)}")
     want = {k: _norm(v) for k, v in key.items()}
-    return [r for r in (all_rows() if rows is None else rows) if all(r[k].strip() == v for k, v in want.items())]
+    out, seen = [], set()
+    for r in (all_rows() if rows is None else rows):
+        if all(r[k].strip() == v for k, v in want.items()):
+            # a table that prints the same cell twice (Table 3.5's n = 1024, batch 4 column) stores it twice
+            ident = tuple(r[c] for c in COLUMNS)
+            if ident not in seen:
+                seen.add(ident)
+                out.append(r)
+    return out
 
 
 __all__ = ["COLUMNS", "all_rows", "load_table", "match", "table_names"]
