@@ -4,8 +4,8 @@ A layer of comparators (hi, lo) acts on a vector x of wire values as (spec §2.5
 
     α = f(β (x_hi - x_lo)),   x'_hi = α x_hi + (1-α) x_lo,   x'_lo = (1-α) x_hi + α x_lo.
 
-With the layer's wire permutation ``partner`` (hi ↔ lo, idle wires fixed) and per-wire weight w = 1 - α
-(w = 0 on idle wires) this is one gather and one lerp for every wire at once:
+With the layer's wire permutation ``partner`` (hi ↔ lo, idle wires fixed, so their difference is 0) and
+per-wire weight w = 1 - α this is one gather and one lerp for every wire at once:
 
     x' = x + w ⊙ (x[partner] - x).
 
@@ -17,8 +17,13 @@ columns = items), so
 - any m rows W·P (top-k rows, top-k membership, soft ranks): the bidirectional evaluation of Petersen
   et al. 2022 (Eq. 3; spec §2.6): run the values forward keeping each layer's w (B, n), then push the
   (B, m, n) matrix Y = W from the output side back to the input, Y ← Y M_t for t = T … 1, which is the
-  same gather + lerp on the *columns* of Y. Memory O(L·B·n) for the weights plus O(L·B·m·n) saved by
-  autograd, never O(L·B·n²).
+  same gather + lerp on the *columns* of Y. Memory O(L·B·n) for the weights plus O(L·B·m·n) saved for
+  the backward pass, never O(L·B·n²).
+
+Layers whose pairs are a strided pattern (odd-even, power-of-two bitonic: ``Layer.block``) skip the
+gather and work on (nb, 2, d) views in place. The whole network is one autograd node (:class:`_Net`)
+with a hand-written backward pass (closed-form sigmoid slopes); :func:`reference_forward` is the same
+computation in plain autograd ops, and the tests check values and gradients of one against the other.
 
 Half-precision inputs are computed in float32 (α, values and P) and the result is cast back: hundreds
 of chained lerps in float16 / bfloat16 would lose the precision the relaxation is meant to keep.
