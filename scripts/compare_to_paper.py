@@ -130,8 +130,9 @@ def _sort_value(v: str) -> tuple[int, float, str]:
 
 
 def _label_columns(lines: list[dict[str, Any]]) -> list[str]:
-    """Columns worth showing: those that vary inside the table, plus method and n."""
-    cols = [c for c in LABEL_COLUMNS if len({ln["row"].get(c, "") for ln in lines}) > 1 or c in ("method", "n")]
+    """Columns worth showing: those that vary inside the table, plus method, operator and n."""
+    always = ("method", "operator", "n")
+    cols = [c for c in LABEL_COLUMNS if len({ln["row"].get(c, "") for ln in lines}) > 1 or c in always]
     return [c for c in cols if any(ln["row"].get(c, "") for ln in lines)]
 
 

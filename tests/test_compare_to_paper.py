@@ -55,14 +55,15 @@ def test_report_cell_by_cell(tmp_path):
     assert (out / "report.png").stat().st_size > 1000
     t37 = result["tables"][("petersen_thesis_2022", "3.7")]
     header, cells = ctp.table_rows(t37)
-    assert header == ["method", "n", "metric", "paper", "ours", "Δ", "runs", "steps×batch"]
+    assert header == ["method", "operator", "n", "metric", "paper", "ours", "Δ", "runs", "steps×batch"]
     # EM: mean(80, 84) = 82, sample std = 2.83, Δ = 82 - 84.9 = -2.9
-    assert cells[0] == ["Cauchy CDF", "5", "EM", "84.9", "82.00 ± 2.83", "-2.90", "2", "1000×20"]
-    assert cells[1] == ["Cauchy CDF", "5", "EW", "93.2", "91.00 ± 1.41", "-2.20", "2", "1000×20"]
-    t33 = {c[2]: c for c in ctp.table_rows(result["tables"][("petersen_thesis_2022", "3.3")])[1]}
-    assert t33["EM"][3:] == ["95.2", "95.00", "-0.20", "1", "500×100"]
-    assert t33["EM5"][3:5] == ["86.1", "86.00"]
-    assert "## petersen_thesis_2022, Table 3.7" in md and "| Cauchy CDF | 5 | EM | 84.9 | 82.00 ± 2.83 | -2.90 |" in md
+    assert cells[0] == ["Cauchy CDF", "dsn", "5", "EM", "84.9", "82.00 ± 2.83", "-2.90", "2", "1000×20"]
+    assert cells[1] == ["Cauchy CDF", "dsn", "5", "EW", "93.2", "91.00 ± 1.41", "-2.20", "2", "1000×20"]
+    t33 = {c[3]: c for c in ctp.table_rows(result["tables"][("petersen_thesis_2022", "3.3")])[1]}
+    assert t33["EM"][4:] == ["95.2", "95.00", "-0.20", "1", "500×100"]
+    assert t33["EM5"][4:6] == ["86.1", "86.00"]
+    assert "## petersen_thesis_2022, Table 3.7" in md
+    assert "| Cauchy CDF | dsn | 5 | EM | 84.9 | 82.00 ± 2.83 | -2.90 |" in md
     assert "Cauchy typo" in md  # unmatched keys are listed
 
 
