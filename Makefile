@@ -8,7 +8,7 @@ export OMP_NUM_THREADS ?= 2
 export HF_HUB_OFFLINE ?= 1
 export WANDB_MODE ?= offline
 
-.PHONY: help install train test test-slow test-all bench lint format report clean clean-outputs
+.PHONY: help install torchsort train test test-slow test-all bench lint format report clean clean-outputs
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -21,6 +21,13 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv (Python 3.11, torch 2.14.1) and install diffrank with the dev extra
+
+# torchsort (the C++ reference of fast soft sort / rank) is optional: its tests and bench rows skip without it.
+# Its setup builds a CUDA extension whenever nvcc exists, which needs an arch list and libcudart to link.
+CUDA_HOME ?= $(or $(lastword $(sort $(wildcard /usr/local/cuda-*))),/usr/local/cuda)
+torchsort: $(STAMP)  ## optional: build torchsort 0.1.10 from source (~4 min), the fast-soft-sort reference
+	TORCH_CUDA_ARCH_LIST="$${TORCH_CUDA_ARCH_LIST:-9.0}" LIBRARY_PATH="$(CUDA_HOME)/lib64:$$LIBRARY_PATH" \
+		$(BIN)/python -m pip install -q --no-build-isolation torchsort==0.1.10
 
 train: $(STAMP)  ## run the default experiment: operator=sinkhorn pk=half_top5 on digits100 (real data)
 	$(BIN)/python train.py $(ARGS)

@@ -112,6 +112,23 @@ def test_implicit_gradient_equals_unrolled_and_finite_differences(k):
     torch.testing.assert_close(s3.grad, s4.grad, atol=1e-9, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gradient_of_a_numerically_hard_plan_is_finite(dtype):
+    # scores 10 apart at β = 10: Γ_i0 Γ_i1 underflows (float32) or is ~1e-87 (float64), K ≈ 0; training on
+    # far-apart logits crashed the general solve with "input matrix is singular" before the closed form
+    g = torch.Generator().manual_seed(0)
+    s = torch.stack([torch.randperm(50, generator=g) for _ in range(8)]).to(dtype).mul(10).requires_grad_()
+    a = SoftTopK(beta=10.0).topk_membership(s, [1, 5])
+    hard = torch.stack([(s.detach() >= s.detach().topk(k, dim=-1).values[:, -1:]).to(dtype) for k in (1, 5)], 1)
+    torch.testing.assert_close(a.detach(), hard, atol=1e-6, rtol=0)
+    (a * torch.randn(a.shape, generator=g, dtype=dtype)).sum().backward()
+    assert torch.isfinite(s.grad).all() and s.grad.abs().max() < 1e-6
+    s2 = s.detach().clone().requires_grad_()
+    r = soft_topk_sorted(s2, 3, 10.0)
+    (r * torch.randn(r.shape, generator=g, dtype=dtype)).sum().backward()
+    assert torch.isfinite(s2.grad).all() and s2.grad.abs().max() < 1e-6
+
+
 def test_capabilities_config_and_errors():
     op = load("soft_topk")
     assert isinstance(op, SoftTopK) and op.capabilities == frozenset({"topk_membership"})

@@ -10,11 +10,16 @@ plan depends on x only through 2x/ε up to a shift). ε = 1/β.
   marginals satisfy max_i |n Σ_j Γ_ij - 1| < ``tolerance`` (checked every ``check_every`` iterations) or
   after ``max_iter`` iterations. The official code has no tolerance and runs exactly 200 iterations
   (``tolerance: null, max_iter: 200, epsilon_start: null`` reproduces it). By default ε is reached by
-  ε-scaling from ``epsilon_start`` (×``anneal`` per iteration, potentials warm-started): near-hard plans
-  otherwise need thousands of iterations (at β = 100, 10 000 plain iterations leave an error of 2e-4;
-  ε-scaling converges to 1e-6 in ~45).
+  ε-scaling from ``epsilon_start`` × (the largest entry of the row-shifted cost) (×``anneal`` per iteration,
+  potentials warm-started): near-hard plans otherwise need thousands of iterations (at β = 100, 10 000
+  plain iterations leave an error of 2e-4; ε-scaling converges to 1e-6 in ~45; scores 10 apart at
+  β = 10: 2 000 plain iterations leave 0.75, ε-scaling converges in 90). The plan is computed in float64
+  on row-shifted costs (C_ij - min_j C_ij, which leaves Γ unchanged): in float32 the exponents (f + g - C)/ε
+  of raw logits reach 1e6 and Γ is noise. Stopping at ``max_iter`` above the tolerance warns.
 - Backward: implicit differentiation of the KKT conditions, the closed form of the paper's Alg. 4
-  (App. H, Thm 3): O(n m² + m³) per row, no Sinkhorn iterate is stored. It is the derivative of the
+  (App. H, Thm 3): O(n m² + m³) per row, no Sinkhorn iterate is stored; for two anchors (top-k) its 1×1
+  Schur complement is written without cancellation, so numerically hard plans get their exact 0 gradient
+  instead of a singular solve. It is the derivative of the
   converged plan, so it matches finite differences only as well as the forward has converged.
 - Cost normalisation (spec §1.4): the official code divides C by its batch-global max (detached), which
   makes a row's output depend on the other rows and the gradient ignore the max. ``"none"`` (default)
@@ -29,6 +34,7 @@ therefore declares only ``"topk_membership"``.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -68,30 +74,51 @@ def _sinkhorn_log(C: Tensor, log_mu: Tensor, log_nu: Tensor, eps: float, max_ite
 
 
 def _implicit_vjp(gam: Tensor, mu: Tensor, nu: Tensor, eps: float, grad_gam: Tensor) -> Tensor:
-    """∂L/∂C from ∂L/∂Γ by implicit differentiation (Xie et al. 2020, Alg. 4 / App. H Thm 3).
+    """∂L/∂C from ∂L/∂Γ by implicit differentiation (Xie et al. 2020, Alg. 4 / App. H Thm 3), in float64.
+
+    Rearranged from Alg. 4 so that nothing cancels (same derivative, other order of operations). With f
+    eliminated, Γ_ij = μ_i P_ij, P_i = softmax_j((g_j - C_ij)/ε); the anchor marginals fix g up to a
+    constant. With J_i = diag(P_i) - P_i P_iᵀ, u_i = ∂L/∂Γ_i, and H = Σ_i μ_i J_i (whose leading
+    (m-1)×(m-1) block is Alg. 4's K = diag(ν̄) - Γ̄ᵀ diag(μ)⁻¹ Γ̄):
+
+        q̄ = H̄⁻¹ v̄,  v = Σ_i μ_i J_i u_i,  q_m = 0,   ∂L/∂C_ij = -(1/ε) Γ_ij ((u_i - q)_j - P_iᵀ(u_i - q)).
+
+    H's diagonal is formed as Σ_i Γ_ij (Σ_{l≠j} P_il) with exclusive sums, not ν_j - Σ_i Γ_ij²/μ_i, whose
+    two terms agree to every digit on numerically hard plans (far-apart scores at a large β): there
+    Alg. 4 as written hits a singular K (or turns rounding into O(1) gradients) while the exact
+    derivative is 0, which this form returns. Where H̄ still cannot be solved, its pseudo-inverse
+    (saturated directions carry no derivative). For two anchors (top-k) it reduces to
+    ∂L/∂C_i1 = -∂L/∂C_i0 = w_i (u_i0 - u_i1 - ū)/ε with w_i = Γ_i0 Γ_i1 / μ_i.
 
     Args:
-        gam: ``(R, n, m)`` converged plan; mu: ``(R, n)``; nu: ``(R, m)``; grad_gam: ``(R, n, m)``.
+        gam: ``(R, n, m)`` converged plan; mu: ``(R, n)`` (unused: the plan's own row sums are used, equal
+            to μ at the fixed point); nu: ``(R, m)`` (likewise); grad_gam: ``(R, n, m)``.
 
     Returns:
-        ``(R, n, m)`` gradient with respect to the cost matrix.
+        ``(R, n, m)`` gradient with respect to the cost matrix, dtype of ``gam``.
     """
+    out_dtype = gam.dtype
+    gam, u = gam.double(), grad_gam.double()
     m = gam.shape[-1]
-    g1_mat = grad_gam * gam
-    g1 = g1_mat.sum(-1)  # (R, n)
-    g2 = g1_mat.sum(-2)[..., : m - 1]  # (R, m-1)
-    gb = gam[..., : m - 1]
-    gb_mu = gb / mu.unsqueeze(-1)
-    # K = diag(ν̄) - Γ̄ᵀ diag(μ)⁻¹ Γ̄ is near singular as ε → 0; solve it in float64 (spec §1.5)
-    k_mat = torch.diag_embed(nu[..., : m - 1]) - gb.transpose(-1, -2) @ gb_mu
-    k64 = k_mat.double()
-    lam = torch.linalg.solve(k64, gb_mu.transpose(-1, -2).double()).transpose(-1, -2).to(gam.dtype)  # (R, n, m-1)
-    kinv_g2 = torch.linalg.solve(k64, g2.double().unsqueeze(-1)).squeeze(-1).to(gam.dtype)
-    lt_g1 = (lam * g1.unsqueeze(-1)).sum(-2)  # Λᵀ g1, (R, m-1)
-    pad = gam.new_zeros(gam.shape[0], 1)
-    row_scale = g1 / mu + (gb @ lt_g1.unsqueeze(-1)).squeeze(-1) / mu - (lam @ g2.unsqueeze(-1)).squeeze(-1)
-    col_scale = torch.cat([kinv_g2 - lt_g1, pad], dim=-1)
-    return (-g1_mat + row_scale.unsqueeze(-1) * gam + gam * col_scale.unsqueeze(-2)) / eps
+    r = gam.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    p = gam / r  # (R, n, m), rows sum to 1
+    # Σ_{l≠j} P_il from exclusive prefix + suffix sums (all terms >= 0: no cancellation)
+    before = torch.cumsum(p, -1) - p
+    after = torch.flip(torch.cumsum(torch.flip(p, [-1]), -1), [-1]) - p
+    excl = (before.clamp_min(0) + after.clamp_min(0))
+    h = -torch.einsum("rij,ril->rjl", gam, p)
+    h.diagonal(dim1=-2, dim2=-1).copy_((gam * excl).sum(-2))
+    ju = p * (u - (p * u).sum(-1, keepdim=True))  # J_i u_i
+    v = (r * ju).sum(-2)  # (R, m)
+    hb, vb = h[..., : m - 1, : m - 1], v[..., : m - 1].unsqueeze(-1)
+    qb, info = torch.linalg.solve_ex(hb, vb)
+    bad = info != 0
+    if bool(bad.any()):
+        qb[bad] = torch.linalg.pinv(hb[bad], hermitian=True) @ vb[bad]
+    q = torch.cat([qb.squeeze(-1), qb.new_zeros(qb.shape[0], 1)], dim=-1).unsqueeze(-2)  # (R, 1, m)
+    uq = u - q
+    grad_z = gam * (uq - (p * uq).sum(-1, keepdim=True))
+    return (-grad_z / eps).to(out_dtype)
 
 
 class _SoftTopKOT(torch.autograd.Function):
@@ -101,22 +128,36 @@ class _SoftTopKOT(torch.autograd.Function):
     def forward(ctx, x: Tensor, y: Tensor, log_nu: Tensor, eps: float, norm: Tensor, max_iter: int,
                 tolerance: float | None, check_every: int, info: dict, schedule: tuple) -> Tensor:
         R, n = x.shape
-        C = (x.unsqueeze(-1) - y.unsqueeze(-2)) ** 2 / norm
-        log_mu = torch.full_like(x, -math.log(n))
-        gam, it = _sinkhorn_log(C, log_mu, log_nu, eps, max_iter, tolerance, check_every, *schedule)
+        # float64 whatever the input: at small ε the exponents (f + g - C)/ε reach 1e4-1e6 and float32's
+        # ulp there (1e-3-0.1) turns Γ into noise. Each row of C is shifted by its minimum, which leaves Γ
+        # unchanged (absorbed by f) and makes the entries O(|x|) instead of O(x²).
+        C = (x.double().unsqueeze(-1) - y.double().unsqueeze(-2)) ** 2 / norm.double()
+        C = C - C.amin(-1, keepdim=True)
+        log_mu = C.new_full((R, n), -math.log(n))
+        eps_start, anneal = schedule
+        if eps_start is not None:  # relative to the cost range, so the schedule does not depend on the units
+            eps_start = eps_start * max(float(C.amax()), eps)
+        gam, it = _sinkhorn_log(C, log_mu, log_nu.double(), eps, max_iter, tolerance, check_every, eps_start, anneal)
         info["iterations"] = it
+        if tolerance is not None and it >= max_iter:
+            err = float((gam.sum(-1) * n - 1).abs().max())
+            if not err < tolerance:
+                warnings.warn(f"SOFT top-k: Sinkhorn stopped at max_iter={max_iter} with marginal error {err:.2e} > "
+                              f"tolerance {tolerance:g} (ε = {eps:g}); raise max_iter or lower beta",
+                              RuntimeWarning, stacklevel=2)
         ctx.eps = eps
         ctx.save_for_backward(x, y, gam, log_nu, norm)
-        return gam
+        return gam.to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad_gam: Tensor):
         x, y, gam, log_nu, norm = ctx.saved_tensors
         n = x.shape[-1]
-        mu = torch.full_like(x, 1.0 / n)
-        grad_c = _implicit_vjp(gam, mu, log_nu.exp(), ctx.eps, grad_gam)
-        grad_x = (grad_c * 2 * (x.unsqueeze(-1) - y.unsqueeze(-2)) / norm).sum(-1)
-        return grad_x, None, None, None, None, None, None, None, None, None
+        mu = gam.new_full(x.shape, 1.0 / n)
+        grad_c = _implicit_vjp(gam, mu, log_nu.exp(), ctx.eps, grad_gam)  # float64
+        # the row shift C - min_j C_ij does not change Γ, so it adds nothing to the derivative
+        grad_x = (grad_c * 2 * (x.double().unsqueeze(-1) - y.double().unsqueeze(-2)) / norm.double()).sum(-1)
+        return grad_x.to(x.dtype), None, None, None, None, None, None, None, None, None
 
 
 def _cost_norm(x: Tensor, y: Tensor, mode: str) -> Tensor:
@@ -200,8 +241,9 @@ class SoftTopK(RankingOperator):
         tolerance: stop once max_i |n Σ_j Γ_ij - 1| < tolerance; ``None`` runs exactly ``max_iter``.
         check_every: iterations between marginal checks (each check synchronises with the host).
         cost_normalization: ``"none"`` | ``"batch"`` (official: C / max C over the batch, detached) | ``"row"``.
-        epsilon_start: ε-scaling start (cost units), ε_t = max(ε, epsilon_start · anneal^t); ``None`` = off
-            (official). Near-hard plans (small ε) otherwise need thousands of iterations.
+        epsilon_start: ε-scaling start as a fraction of the largest row-shifted cost,
+            ε_t = max(ε, epsilon_start · max C · anneal^t); ``None`` = off (official). Near-hard plans
+            (small ε) otherwise need thousands of iterations.
         anneal: ε-scaling factor per iteration, in (0, 1).
 
     Shapes: ``topk_membership(scores (B, n), ks)`` → ``(B, len(ks), n)``; each row sums to k exactly.
