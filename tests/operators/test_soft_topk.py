@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -12,7 +13,8 @@ from diffrank.operators import load
 from diffrank.operators.soft_topk import SoftTopK, _sinkhorn_log, soft_topk_sorted
 
 F64 = torch.float64
-OFFICIAL = dict(tolerance=None, epsilon_start=None, cost_normalization="batch")  # the reference code's semantics
+# the reference code's semantics: plain Sinkhorn, a fixed number of iterations, cost / batch max
+OFFICIAL = dict(tolerance=None, epsilon_start=None, cost_normalization="batch", solver="sinkhorn")
 
 
 def _rand(B, n, seed=0):
@@ -46,7 +48,7 @@ def test_largest_and_sorted_worked_numbers():
 @pytest.mark.parametrize("tolerance", [None, 1e-6])
 def test_marginals(tolerance):
     s = _rand(4, 30, seed=1) * 2
-    op = SoftTopK(beta=2.0, max_iter=3000, tolerance=tolerance)
+    op = SoftTopK(beta=2.0, max_iter=3000, tolerance=tolerance, solver="sinkhorn")
     a = op.topk_membership(s, [1, 7, 29, 30])
     assert a.shape == (4, 4, 30)
     torch.testing.assert_close(a.sum(-1), torch.tensor([1.0, 7, 29, 30], dtype=F64).expand(4, 4), atol=1e-10,
@@ -60,6 +62,24 @@ def test_marginals(tolerance):
     p = soft_topk_sorted(s, 5, beta=2.0, tolerance=1e-9, max_iter=5000)
     torch.testing.assert_close(p.sum(-1), torch.ones(4, 5, dtype=F64), atol=1e-10, rtol=0)
     assert (p.sum(-2) <= 1 + 1e-8).all()
+
+
+@pytest.mark.parametrize("beta", [0.5, 2.0, 10.0, 100.0])
+def test_newton_gives_sinkhorns_plan(beta):
+    s = _rand(6, 40, seed=3) * 3
+    ks = [1, 5, 20, 39]
+    newton = SoftTopK(beta=beta)  # the default solver
+    a = newton.topk_membership(s, ks)
+    assert newton.last_iterations < 60
+    torch.testing.assert_close(a.sum(-1), torch.tensor(ks, dtype=F64).expand(6, 4), atol=1e-10, rtol=0)
+    assert (a >= 0).all() and (a <= 1).all()
+    # Sinkhorn converges to the same plan; near-hard plans (β >= 10 here) only after very many iterations
+    sink = SoftTopK(beta=beta, solver="sinkhorn", tolerance=1e-11 if beta <= 2 else 1e-5, max_iter=20_000,
+                    check_every=20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        b = sink.topk_membership(s, ks)
+    torch.testing.assert_close(a, b, atol=1e-9 if beta <= 2 else 1e-3, rtol=0)  # Sinkhorn's own error at β >= 10
 
 
 def test_limits_equivariance_and_sorted_consistency():
