@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import lightning as L
-import torch
 from torch import Tensor, nn
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from diffrank.models.base import ConfiguredModule
 
-class TopKClassifier(L.LightningModule):
+
+class TopKClassifier(ConfiguredModule):
     """Backbone → scores (B, n) → loss (top-k CE or a baseline); reports top-k accuracies.
 
     Args:
@@ -83,16 +83,3 @@ class TopKClassifier(L.LightningModule):
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         """Test metrics."""
         self._eval_step("test", batch)
-
-    def setup(self, stage: str) -> None:
-        """Optionally compile the backbone."""
-        if self.hparams.compile and stage == "fit":
-            self.net = torch.compile(self.net)
-
-    def configure_optimizers(self):
-        """Optimizer (and scheduler) from the partial constructors of the config."""
-        opt = self.hparams.optimizer(params=self.parameters())
-        if self.hparams.scheduler is None:
-            return opt
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": self.hparams.scheduler(optimizer=opt),
-                                                     "interval": "epoch"}}

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import lightning as L
-import torch
 from torch import Tensor, nn
 from torchmetrics import MaxMetric, MeanMetric
 
 from diffrank.metrics.sorting import ElementWiseAccuracy, ExactMatch
+from diffrank.models.base import ConfiguredModule
 
 
 class MultiDigitCNN(nn.Module):
@@ -57,7 +56,7 @@ class MultiDigitCNN(nn.Module):
         return self.head(self.features(x)).squeeze(-1)
 
 
-class RankingSupervisionModule(L.LightningModule):
+class RankingSupervisionModule(ConfiguredModule):
     """Scores the n images of each set independently and trains them with a ranking loss.
 
     Args:
@@ -75,6 +74,8 @@ class RankingSupervisionModule(L.LightningModule):
     Logged: ``train/loss``; ``val/loss``, ``val/em``, ``val/ew``, ``val/em5``, ``val/em5_best``;
     ``test/loss``, ``test/em``, ``test/ew``, ``test/em5`` (fractions in [0, 1]).
     """
+
+    scheduler_interval = "step"
 
     def __init__(self, net: nn.Module, loss: Callable[[Tensor, Tensor], Tensor], optimizer: Callable,
                  scheduler: Callable | None = None, compile: bool = False) -> None:
@@ -148,16 +149,3 @@ class RankingSupervisionModule(L.LightningModule):
     def test_step(self, batch: Sequence[Tensor], batch_idx: int) -> None:
         """Test EM / EW / EM5."""
         self._eval_step("test", batch)
-
-    def setup(self, stage: str) -> None:
-        """Optionally compile the net."""
-        if self.hparams.compile and stage == "fit":
-            self.net = torch.compile(self.net)
-
-    def configure_optimizers(self):
-        """Optimizer (and per-step scheduler) from the partial constructors of the config."""
-        opt = self.hparams.optimizer(params=self.parameters())
-        if self.hparams.scheduler is None:
-            return opt
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": self.hparams.scheduler(optimizer=opt),
-                                                     "interval": "step"}}
