@@ -18,6 +18,7 @@ from hydra import compose, initialize_config_dir
 from diffrank.train import build_loss
 from diffrank.utils.configs import config_dir
 from diffrank.utils.instantiate import instantiate
+from diffrank.utils.malloc import keep_freed_memory
 
 
 def measure(experiment: str, data_dir: str, batch: int, steps: int) -> tuple[float, float]:
@@ -54,8 +55,13 @@ def main() -> None:
     ap.add_argument("--data-dir", default="data")
     ap.add_argument("--batch", type=int, default=100)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--glibc-mmap", action="store_true",
+                    help="leave glibc's mmap/munmap of large blocks on (train.py turns it off)")
     a = ap.parse_args()
-    print(f"torch threads: {torch.get_num_threads()}, batch {a.batch} sets")
+    if not a.glibc_mmap:
+        keep_freed_memory()
+    mmap = "on" if a.glibc_mmap else "off"
+    print(f"torch threads: {torch.get_num_threads()}, batch {a.batch} sets, glibc mmap {mmap}")
     for e in a.experiments:
         dt, sps = measure(e, a.data_dir, a.batch, a.steps)
         print(f"{e:45s} {dt * 1e3:8.1f} ms/step {sps:8.1f} sets/s")

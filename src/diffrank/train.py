@@ -17,6 +17,7 @@ import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
 from diffrank.utils.instantiate import instantiate
+from diffrank.utils.malloc import keep_freed_memory
 from diffrank.utils.results import device_description, git_state, to_float, versions, write_results
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,8 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     t0 = time.time()
     if cfg.get("extras") and cfg.extras.get("ignore_warnings"):
         warnings.filterwarnings("ignore")
+    if cfg.get("extras") and cfg.extras.get("keep_freed_memory"):
+        keep_freed_memory()
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data)
