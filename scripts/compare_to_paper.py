@@ -66,6 +66,8 @@ def _budget(run: dict[str, Any]) -> str:
     overrides = {o.split("=", 1)[0].lstrip("+~"): o.split("=", 1)[1] for o in run.get("overrides") or [] if "=" in o}
     steps = overrides.get("trainer.max_steps", steps)
     batch = overrides.get("data.batch_size", batch)
+    if run.get("global_step") is not None:  # steps actually trained (a max_time or early stop ends sooner)
+        steps = run["global_step"]
     return f"{steps}×{batch}" if steps is not None and batch is not None else "?"
 
 

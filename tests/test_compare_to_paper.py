@@ -80,3 +80,13 @@ def test_missing_metric_and_fraction_tables(tmp_path):
 def test_missing_folder_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such"):
         ctp.collect([tmp_path / "nope"])
+
+
+def test_budget_is_the_steps_actually_trained(tmp_path):
+    """A run stopped by max_time (or early stopping) reports its global_step, not the configured max_steps."""
+    runs = tmp_path / "runs"
+    _write(runs, "long", CAUCHY5, {"test/em": 0.70, "test/ew": 0.86}, steps=200000, batch=100)
+    record = json.loads((runs / "long" / "results.json").read_text())
+    assert ctp._budget(record) == "200000×100"
+    record["global_step"] = 3469
+    assert ctp._budget(record) == "3469×100"

@@ -30,6 +30,7 @@ def test_fast_dev_run_every_operator(compose_train, name):
     saved = json.loads((ROOT / cfg.paths.output_dir / "results.json").read_text())
     assert saved["metrics"]["test/top1"] == pytest.approx(metrics["test/top1"])
     assert {"git_sha", "git_dirty", "versions", "wall_time_s", "device", "overrides"} <= set(saved)
+    assert saved["global_step"] == 1  # fast_dev_run: one optimizer step
 
 
 @pytest.mark.parametrize("name", [n for n in options("operator") if n not in _topk_operators()])

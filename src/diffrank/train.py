@@ -118,7 +118,8 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
             "task_name": cfg.get("task_name"), "paper": OmegaConf.to_container(cfg.paper, resolve=True)
             if isinstance(cfg.get("paper"), DictConfig) else cfg.get("paper"),
             "metrics": metrics, "choices": info["choices"], "overrides": info["overrides"],
-            "seed": cfg.get("seed"), **git_state(), "versions": versions(), "wall_time_s": time.time() - t0,
+            "seed": cfg.get("seed"), "global_step": int(trainer.global_step), **git_state(), "versions": versions(),
+            "wall_time_s": time.time() - t0,
             "device": device_description(), "run_dir": info["run_dir"],
             "config": OmegaConf.to_container(cfg, resolve=False),
         }
