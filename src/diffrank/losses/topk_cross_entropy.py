@@ -136,4 +136,5 @@ class TopKCrossEntropyLoss(nn.Module):
         return loss
 
     def extra_repr(self) -> str:
+        """The constructor arguments that ``repr`` shows (β and the paper's own parameters)."""
         return f"p_k={list(self.p_k.weights)}, m={self.m}, top1_mode={self.top1_mode!r}"

@@ -223,4 +223,5 @@ class RankingOperator(nn.Module):
         return [check_k(k, n) for k in ks]
 
     def extra_repr(self) -> str:
+        """The constructor arguments that ``repr`` shows (β and the paper's own parameters)."""
         return f"beta={self.beta}"

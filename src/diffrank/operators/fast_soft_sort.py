@@ -139,6 +139,7 @@ def _rho(n: int, like: Tensor) -> Tensor:
 class _SoftRank(torch.autograd.Function):
     @staticmethod
     def forward(ctx, theta: Tensor, eps: float, regularization: str) -> Tensor:
+        """Autograd forward; shapes, dtypes, errors and the paper equation: the class docstring."""
         z = -theta / eps
         s, order = z.sort(dim=-1, descending=True)
         rho = _rho(theta.shape[-1], theta)
@@ -154,6 +155,7 @@ class _SoftRank(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g: Tensor):
+        """Autograd backward (closed-form VJP); shapes as the forward's outputs."""
         order, wts, start, out = ctx.saved_tensors
         if ctx.reg == "kl":
             g = g * out
@@ -166,6 +168,7 @@ class _SoftRank(torch.autograd.Function):
 class _SoftSort(torch.autograd.Function):
     @staticmethod
     def forward(ctx, theta: Tensor, eps: float, regularization: str) -> Tensor:
+        """Autograd forward; shapes, dtypes, errors and the paper equation: the class docstring."""
         s, order = theta.sort(dim=-1, descending=True)
         w = _rho(theta.shape[-1], theta) / eps
         if regularization == "l2":
@@ -177,6 +180,7 @@ class _SoftSort(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g: Tensor):
+        """Autograd backward (closed-form VJP); shapes as the forward's outputs."""
         order, wts, start = ctx.saved_tensors
         gs = _jt(g, wts, start)
         return torch.empty_like(gs).scatter_(-1, order, gs), None, None
@@ -274,4 +278,5 @@ class FastSoftSort(RankingOperator):
         return soft_sort(scores, self.regularization, self.regularization_strength)
 
     def extra_repr(self) -> str:
+        """The constructor arguments that ``repr`` shows (β and the paper's own parameters)."""
         return f"beta={self.beta}, regularization={self.regularization!r}"

@@ -114,4 +114,5 @@ class SinkhornSort(RankingOperator):
         return p.to(out_dtype)
 
     def extra_repr(self) -> str:
+        """The constructor arguments that ``repr`` shows (β and the paper's own parameters)."""
         return f"beta={self.beta}, tolerance={self.tolerance}, max_iter={self.max_iter}"

@@ -175,6 +175,7 @@ class _SoftTopKOT(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, y: Tensor, log_nu: Tensor, eps: float, norm: Tensor, max_iter: int,
                 tolerance: float | None, check_every: int, info: dict, schedule: tuple) -> Tensor:
+        """Autograd forward; shapes, dtypes, errors and the paper equation: the class docstring."""
         R, n = x.shape
         # float64 whatever the input: at small ε the exponents (f + g - C)/ε reach 1e4-1e6 and float32's
         # ulp there (1e-3-0.1) turns Γ into noise. Each row of C is shifted by its minimum, which leaves Γ
@@ -208,6 +209,7 @@ class _SoftTopKOT(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_gam: Tensor):
+        """Autograd backward (closed-form VJP); shapes as the forward's outputs."""
         x, y, gam, log_nu, norm = ctx.saved_tensors
         n = x.shape[-1]
         mu = gam.new_full(x.shape, 1.0 / n)
@@ -376,5 +378,6 @@ class SoftTopK(RankingOperator):
         return out.to(scores.dtype)
 
     def extra_repr(self) -> str:
+        """The constructor arguments that ``repr`` shows (β and the paper's own parameters)."""
         return (f"beta={self.beta}, solver={self.solver!r}, max_iter={self.max_iter}, tolerance={self.tolerance}, "
                 f"cost_normalization={self.cost_normalization!r}")

@@ -92,6 +92,7 @@ class _Net(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, net: Network, beta: float, sigmoid: str, art_lambda: float, mode: str,
                 y0: Tensor | None) -> Tensor:
+        """Autograd forward; shapes, dtypes, errors and the paper equation: the class docstring."""
         x = x.clone(memory_format=torch.contiguous_format)
         B, n = x.shape
         p = torch.eye(n, dtype=x.dtype, device=x.device).repeat(B, 1, 1) if mode == "full" else None
@@ -144,6 +145,7 @@ class _Net(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g: Tensor):
+        """Autograd backward (closed-form VJP); shapes as the forward's outputs."""
         net, mode = ctx.net, ctx.mode
         layers = net.layers
         L = len(layers)
@@ -390,4 +392,5 @@ class SortingNetworkOperator(RankingOperator):
         return self._rows(self.network(n, None), scores, r).squeeze(1)
 
     def extra_repr(self) -> str:
+        """The constructor arguments that ``repr`` shows (β and the paper's own parameters)."""
         return f"beta={self.beta}, sigmoid={self.sigmoid!r}, art_lambda={self.art_lambda}"
