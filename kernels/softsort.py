@@ -19,21 +19,25 @@ from torch import Tensor
 
 
 @triton.jit
+def _load(ptr, start, n, BLOCK: tl.constexpr):
+    """One block of a length-n row from ``start``: (values in float32, 0 past the end; offsets; mask)."""
+    offs = start + tl.arange(0, BLOCK)
+    mask = offs < n
+    return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32), offs, mask
+
+
+@triton.jit
 def _softsort_fwd(s_ptr, t_ptr, p_ptr, n, k, beta, BLOCK: tl.constexpr):
     row = tl.program_id(0)
-    b = row // k
+    s_row = s_ptr + (row // k) * n
     t = tl.load(t_ptr + row).to(tl.float32)
     denom = tl.zeros((BLOCK,), dtype=tl.float32)
     for start in range(0, n, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        mask = offs < n
-        s = tl.load(s_ptr + b * n + offs, mask=mask, other=0.0).to(tl.float32)
+        s, offs, mask = _load(s_row, start, n, BLOCK)
         denom += tl.where(mask, tl.exp(-beta * tl.abs(t - s)), 0.0)
     total = tl.sum(denom, axis=0)
     for start in range(0, n, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        mask = offs < n
-        s = tl.load(s_ptr + b * n + offs, mask=mask, other=0.0).to(tl.float32)
+        s, offs, mask = _load(s_row, start, n, BLOCK)
         p = tl.exp(-beta * tl.abs(t - s)) / total
         tl.store(p_ptr + row * n + offs, p.to(p_ptr.dtype.element_ty), mask=mask)
 
@@ -46,19 +50,15 @@ def _softsort_bwd(s_ptr, t_ptr, p_ptr, g_ptr, ds_ptr, dt_ptr, n, k, beta, BLOCK:
         t = tl.load(t_ptr + row).to(tl.float32)
         acc = tl.zeros((BLOCK,), dtype=tl.float32)
         for start in range(0, n, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            mask = offs < n
-            p = tl.load(p_ptr + row * n + offs, mask=mask, other=0.0).to(tl.float32)
-            g = tl.load(g_ptr + row * n + offs, mask=mask, other=0.0).to(tl.float32)
+            p, offs, mask = _load(p_ptr + row * n, start, n, BLOCK)
+            g, offs, mask = _load(g_ptr + row * n, start, n, BLOCK)
             acc += p * g
         dot = tl.sum(acc, axis=0)
         dt = tl.zeros((BLOCK,), dtype=tl.float32)
         for start in range(0, n, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            mask = offs < n
-            s = tl.load(s_ptr + b * n + offs, mask=mask, other=0.0).to(tl.float32)
-            p = tl.load(p_ptr + row * n + offs, mask=mask, other=0.0).to(tl.float32)
-            g = tl.load(g_ptr + row * n + offs, mask=mask, other=0.0).to(tl.float32)
+            s, offs, mask = _load(s_ptr + b * n, start, n, BLOCK)
+            p, offs, mask = _load(p_ptr + row * n, start, n, BLOCK)
+            g, offs, mask = _load(g_ptr + row * n, start, n, BLOCK)
             dlogit = p * (g - dot)
             diff = s - t
             sgn = tl.where(diff > 0, 1.0, tl.where(diff < 0, -1.0, 0.0))

@@ -9,7 +9,8 @@ over the runs (seeds) sharing the same ``paper`` key, Δ = ours − paper, and t
 for a reference metric ``M`` is ``<prefix><m>`` with m = M lower-cased (``EM`` → ``test/em``, ``top1`` →
 ``test/top1``); our fractions are shown in % unless the reference row's note says it is printed as a
 fraction. One Markdown table per (paper, table). Runs whose key matches no reference row are listed at the
-end, so typos in a ``paper:`` key do not vanish silently.
+end, so typos in a ``paper:`` key do not vanish silently. A table row run with another operator is a variant
+(``paper`` null, ``variant_of`` the row): it is skipped, never shown as the row's method.
 
 Later experiments add their tables by giving their configs a ``paper:`` key over the same columns and
 shipping the reference CSV in ``src/diffrank/reference/``; nothing here needs to change.

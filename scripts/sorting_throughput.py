@@ -1,9 +1,9 @@
 """Training throughput of the MNIST sorting benchmark (sets per second, forward + backward + Adam step).
 
 Usage: ``OMP_NUM_THREADS=1 python scripts/sorting_throughput.py --data-dir /work/shared/data --batch 20 --steps 30
-EXPERIMENT...`` — each experiment config is composed (so operator, β and loss are the experiment's), the
-MNIST data module draws real batches, and the median step time over ``--steps`` timed steps (after 3 warm-up
-steps) gives sets/s = batch / step time.
+EXPERIMENT...`` (e.g. ``sorting/thesis_t3_7/odd_even_cauchy_n5``) — each experiment config is composed (so
+operator, β and loss are the experiment's), the MNIST data module draws real batches, and the median step time
+over ``--steps`` timed steps (after 3 warm-up steps) gives sets/s = batch / step time.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import time
 import torch
 from hydra import compose, initialize_config_dir
 
-from diffrank.train import build_loss
 from diffrank.utils.configs import config_dir
 from diffrank.utils.instantiate import instantiate
 from diffrank.utils.malloc import keep_freed_memory
@@ -29,8 +28,7 @@ def measure(experiment: str, data_dir: str, batch: int, steps: int) -> tuple[flo
                                                        "data.test_sets=1", "paths.output_dir=/tmp"])
     dm = instantiate(cfg.data)
     dm.setup()
-    op = instantiate(cfg.operator)
-    loss = build_loss(cfg.loss, op, None)
+    loss = instantiate(cfg.loss)  # with the operator its yaml interpolates
     model = instantiate(cfg.model, loss=loss)
     opt = model.hparams.optimizer(params=model.parameters())
     times = []

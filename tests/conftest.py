@@ -20,8 +20,10 @@ SHARED_DATA = ROOT.parent / "shared" / "data"  # real MNIST on the development m
 
 
 def options(group: str) -> list[str]:
-    """Option names of a config group (the config folder is the registry)."""
-    return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
+    """Option names of a config group, found recursively (the config folder is the registry):
+    ``options("experiment")`` holds ``sorting/mnist``, ``sorting/thesis_t3_7/odd_even_cauchy_n5``, …"""
+    root = CONFIGS / group
+    return sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.yaml"))
 
 
 @pytest.fixture(autouse=True)

@@ -90,3 +90,17 @@ def test_budget_is_the_steps_actually_trained(tmp_path):
     assert ctp._budget(record) == "200000×100"
     record["global_step"] = 3469
     assert ctp._budget(record) == "3469×100"
+
+
+def test_variant_of_a_row_is_never_labelled_with_its_paper_row(tmp_path):
+    """A row run with another operator (results.json: paper null, variant_of the row) is skipped, not matched."""
+    runs = tmp_path / "runs"
+    _write(runs, "sorting/thesis_t3_7/odd_even_cauchy_n5/runs/own", CAUCHY5, {"test/em": 0.8, "test/ew": 0.9})
+    _write(runs, "sorting/thesis_t3_7/odd_even_cauchy_n5/runs/variant", None, {"test/em": 0.1, "test/ew": 0.2})
+    record = json.loads((runs / "sorting/thesis_t3_7/odd_even_cauchy_n5/runs/variant/results.json").read_text())
+    record["variant_of"] = {"paper_operator": "diffsort_odd_even", "operator": "neuralsort", "paper": CAUCHY5}
+    (runs / "sorting/thesis_t3_7/odd_even_cauchy_n5/runs/variant/results.json").write_text(json.dumps(record))
+    result = ctp.collect([runs])  # found recursively under the experiment folders
+    assert result["runs"] == 1 and result["skipped"] == 1
+    em = next(ln for ln in result["tables"][("petersen_thesis_2022", "3.7")] if ln["metric"] == "EM")
+    assert em["ours"] == [pytest.approx(80.0)]

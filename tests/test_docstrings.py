@@ -1,4 +1,8 @@
-"""Every public function and class of diffrank (and of its public classes' methods) has a docstring (DEVELOPERS.md)."""
+"""Every public function and class of diffrank (and of its public classes' methods) has a docstring.
+
+An override of a documented base method needs none: ``inspect.getdoc`` on the bound attribute inherits the
+base's docstring (``torch.autograd.Function.forward``, ``nn.Module.forward``, ``LightningModule`` hooks, …).
+"""
 
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ def _undocumented(module) -> list[str]:
             for attr, member in vars(obj).items():
                 if attr.startswith("_") or not inspect.isfunction(member):
                     continue
-                if not inspect.getdoc(member):
+                if not inspect.getdoc(getattr(obj, attr)):
                     missing.append(f"{name}.{attr}")
     return missing
 

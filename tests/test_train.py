@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from omegaconf import OmegaConf
 
 from conftest import ROOT, options
 from diffrank.operators import load
@@ -42,8 +43,11 @@ def test_operator_without_topk_is_rejected_by_topk_loss(compose_train, name):
 
 @pytest.mark.parametrize("loss", [o for o in options("loss") if o not in ("topk_ce",) and not o.startswith("sort_")])
 def test_fast_dev_run_baseline_losses(compose_train, loss):
-    metrics, _ = train(compose_train([f"loss={loss}", *SMALL]))
+    metrics, objects = train(compose_train([f"loss={loss}", *SMALL]))
     assert "test/top5" in metrics
+    rec = objects["results"]  # the baselines read neither ${operator} nor ${pk}: the run records neither
+    assert rec["choices"]["loss"] == loss and not {"operator", "pk"} & set(rec["choices"])
+    assert rec["config"]["operator"] is None and rec["config"]["pk"] is None
 
 
 def test_m_subset_and_top1_modes(compose_train):
@@ -88,3 +92,35 @@ def test_train_py_subprocess(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "test/top5" in out.stdout
     assert list(tmp_path.glob("train/runs/*/results.json"))
+
+
+def test_model_brings_its_loss_and_selection_metric(compose_train):
+    """model=sorting with sorting data and any full-P operator trains: sort_bce and val/em5 come with the model."""
+    cfg = compose_train(["model=sorting", "data=digits_sort", "operator=neuralsort", "data.batch_size=8",
+                         "data.val_sets=8", "data.test_sets=8"])
+    assert cfg.hydra.runtime.choices.loss == "sort_bce" and cfg.optimized_metric == "val/em5"
+    assert OmegaConf.to_container(cfg.loss)["operator"] == "${operator}"  # the loss is assembled in its yaml
+    metrics, objects = train(cfg)
+    assert "val/em5" in metrics and "test/em" in metrics
+    assert type(objects["loss"]).__name__ == "SortingBCELoss" and type(objects["operator"]).__name__ == "NeuralSort"
+    assert "pk" not in objects["results"]["choices"]
+    assert compose_train([]).optimized_metric == "val/top1"  # the classifier's
+
+
+def test_sorting_data_without_files_names_them(compose_train, tmp_path):
+    """data=mnist_sort / svhn_sort composed by hand without their files: the files, not an interpolation error."""
+    from diffrank.data.mnist_sort import MNIST_FILES
+    from diffrank.data.svhn_sort import SVHN_FILES
+
+    for extra in ([], ["model=sorting"]):
+        with pytest.raises(FileNotFoundError) as e:
+            train(compose_train(["data=mnist_sort", f"paths.data_dir={tmp_path}", *extra]))
+        assert all(str(tmp_path / "MNIST" / "raw" / f) in str(e.value) for f in MNIST_FILES)
+    with pytest.raises(FileNotFoundError) as e:
+        train(compose_train(["model=sorting", "data=svhn_sort", f"paths.data_dir={tmp_path}"]))
+    assert all(f"SVHNMultiDigit/{f}" in str(e.value) for f in SVHN_FILES.values())
+
+
+def test_model_and_data_that_do_not_fit_name_the_fix(compose_train):
+    with pytest.raises(ValueError, match=r"model=classifier does not fit data=digits_sort.*model=sorting"):
+        train(compose_train(["data=digits_sort"]))

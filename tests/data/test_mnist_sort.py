@@ -47,9 +47,9 @@ def test_missing_files_name_them_and_where_to_put_them(tmp_path):
     for f in MNIST_FILES:
         assert str(tmp_path / "MNIST" / "raw" / f) in msg
     assert "download=true" in msg
-    dm = MultiDigitSortDataModule(data_dir=tmp_path)
-    with pytest.raises(FileNotFoundError, match="train-images-idx3-ubyte"):
-        dm.setup()
+    with pytest.raises(FileNotFoundError, match="train-images-idx3-ubyte"):  # at construction, not at the first fit
+        MultiDigitSortDataModule(data_dir=tmp_path)
+    assert MultiDigitSortDataModule(data_dir=tmp_path, download=True).download  # download: fetched at setup
 
 
 def test_number_values():
@@ -91,7 +91,7 @@ def test_tiny_mnist_values_are_the_numbers_and_splits_are_disjoint(tmp_path, n):
 def test_sampling_is_seeded_and_fresh_per_epoch(tmp_path):
     root = _tiny_mnist(tmp_path)
     kw = dict(n=4, data_dir=root, val_pool=10, batch_size=4, train_sets=8, val_sets=6, test_sets=6)
-    a, b, c = (MultiDigitSortDataModule(seed=s, **kw) for s in (0, 0, 1))
+    a, b, c = (MultiDigitSortDataModule(seed=s, split_seed=s, **kw) for s in (0, 0, 1))
     for dm in (a, b, c):
         dm.setup()
     va, vb, vc = (next(iter(dm.val_dataloader()))[1] for dm in (a, b, c))

@@ -25,6 +25,8 @@ def _files(root, sizes=(60, 20, 30)):
 def test_missing_file_names_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="SVHNMultiDigit/svhn-multi-digit-3x64x64_train.p"):
         load_svhn_split(tmp_path, "train")
+    with pytest.raises(FileNotFoundError, match="3x64x64_train.p.*3x64x64_val.p.*3x64x64_test.p"):
+        SVHNSortDataModule(data_dir=tmp_path)  # at construction, every missing file
     with pytest.raises(ValueError, match="split"):
         load_svhn_split(tmp_path, "extra")
 

@@ -36,3 +36,13 @@ def test_half_precision_accumulates_in_float32():
 def test_power_other_than_one_is_refused():
     with pytest.raises(ValueError, match="power = 1"):
         SoftSort(power=2.0, use_triton=True)
+
+
+def test_kernel_on_half_inputs_directly():
+    """The operator computes half precision in float32; the kernel itself also takes half inputs."""
+    from diffrank.kernels.softsort import softsort_topk_rows
+
+    s = torch.randn(2, 50)
+    out = softsort_topk_rows(s.half(), 3, 1.0)
+    assert out.dtype == torch.float16
+    torch.testing.assert_close(out.float(), softsort_topk_rows(s.half().float(), 3, 1.0), atol=2e-3, rtol=0)

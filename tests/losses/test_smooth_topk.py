@@ -117,9 +117,10 @@ def test_errors_and_config(compose_train):
         with pytest.raises(ValueError):
             SmoothTopKLoss(**bad)
     assert loss(x.half(), y).dtype == torch.float32
-    from diffrank.train import build_loss
+    from diffrank.utils.instantiate import instantiate
 
     for name, cls in (("smooth_topk", SmoothTopKLoss), ("smooth_hard_topk", SmoothHardTopKLoss)):
         cfg = compose_train([f"loss={name}"])
-        built = build_loss(cfg.loss, operator=object(), p_k=object())
+        assert "operator" not in cfg.loss and "p_k" not in cfg.loss  # reads neither ${operator} nor ${pk}
+        built = instantiate(cfg.loss)
         assert type(built) is cls and built.k == 5 and built.tau == 1.0

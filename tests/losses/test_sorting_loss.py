@@ -19,7 +19,7 @@ class FixedP(RankingOperator):
         super().__init__(1.0)
         self.p = p
 
-    def relaxed_permutation(self, scores, k):
+    def _permutation(self, scores, k):
         return self.p
 
 

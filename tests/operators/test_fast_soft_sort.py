@@ -1,4 +1,4 @@
-"""Fast soft sort / rank (Blondel et al. 2020): worked numbers (specs/soft_topk_ot.md §7.3), a brute-force
+"""Fast soft sort / rank (Blondel et al. 2020): worked numbers (torchsort README and by hand), a brute-force
 projection onto the permutahedron (scipy SLSQP), torchsort parity, conservation laws, gradcheck."""
 
 from __future__ import annotations

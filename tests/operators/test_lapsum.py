@@ -1,4 +1,4 @@
-"""LapSum (Struski et al. 2025): worked numbers of specs/lapsum.md §5, exactness, limits, closed-form gradients."""
+"""LapSum (Struski et al. 2025): worked numbers, exactness, real-valued k, limits, closed-form gradients."""
 
 from __future__ import annotations
 
@@ -202,7 +202,7 @@ def test_k_equal_n_and_bad_k():
     s = _rand(2, 5)
     torch.testing.assert_close(LapSum().topk_membership(s, [5]), torch.ones(2, 1, 5, dtype=F64))
     for bad in (0.0, -1.0, 5.5, float("nan")):
-        with pytest.raises(ValueError, match="k must lie"):
+        with pytest.raises(ValueError, match="k must satisfy"):
             lapsum_topk(s, bad, beta=1.0)
     with pytest.raises(TypeError):
         lapsum_topk(s, "2", beta=1.0)
@@ -220,3 +220,33 @@ def test_config_and_half_precision():
         out = op.topk_membership(s.to(dt), [2])
         assert out.dtype == dt
         torch.testing.assert_close(out.float(), op.topk_membership(s, [2]), atol=2e-2, rtol=0)
+
+
+def test_operator_takes_real_valued_k():
+    """LapSum's topk_membership takes real k (paper §3.3, Thm 3.3): floats, and tensors that may require grad."""
+    s = _rand(3, 7, seed=9)
+    op = LapSum(beta=1.5)
+    out = op.topk_membership(s, [0.3, 2.5, 7.0])
+    assert out.shape == (3, 3, 7)
+    torch.testing.assert_close(out.sum(-1), torch.tensor([0.3, 2.5, 7.0], dtype=F64).expand(3, 3), atol=1e-12, rtol=0)
+    torch.testing.assert_close(out[:, 1], lapsum_topk(s, 2.5, beta=1.5))
+    torch.testing.assert_close(op.topk_membership(s, 2.5)[:, 0], out[:, 1])
+    # integer ks give the same as the real ones they equal
+    torch.testing.assert_close(op.topk_membership(s, [2]), op.topk_membership(s, [2.0]))
+    # tensors: (M,) shared by every row, (B, M) per row, with a gradient for k
+    torch.testing.assert_close(op.topk_membership(s, torch.tensor([0.3, 2.5, 7.0])), out)
+    k = torch.tensor([[1.5], [2.5], [3.5]], dtype=F64, requires_grad=True)
+    per_row = op.topk_membership(s, k)
+    torch.testing.assert_close(per_row.sum(-1), k.detach(), atol=1e-12, rtol=0)
+    (per_row[:, 0, 0]).sum().backward()
+    assert k.grad is not None and (k.grad > 0).all()  # raising k raises every membership
+    for bad in ([0.0], [7.5], [float("nan")], torch.tensor([1.0, 8.0]), torch.tensor([[1.0]] * 3) * 0):
+        with pytest.raises(ValueError, match="k must satisfy"):
+            op.topk_membership(s, bad)
+    with pytest.raises(TypeError):
+        op.topk_membership(s, [True])
+    with pytest.raises(ValueError, match="shape"):
+        op.topk_membership(s, torch.ones(2, 1))
+    # the other operators keep integer k
+    with pytest.raises(TypeError, match="integer"):
+        load("neuralsort").topk_membership(s, [2.5])

@@ -1,4 +1,4 @@
-"""Comparator networks: exact sorting / selection in the hard limit for every n, sizes from the spec, caching."""
+"""Comparator networks: exact sorting / selection in the hard limit for every n, reference sizes, caching."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def test_hard_networks_sort_every_size_to_1024():
 
 
 def test_reference_bitonic_failure_sizes_sort_here():
-    # first sizes where the reference construction fails (spec §0 item 4), with 0/1 inputs too (0-1 principle)
+    # first sizes where the reference construction fails (docs/conventions.md), with 0/1 inputs too (0-1 principle)
     for n in (22, 38, 42, 46, 54, 70, 300):
         x = torch.randint(0, 2, (256, n)).double()
         assert torch.equal(hard_evaluate(bitonic(n), x), x.sort(dim=1, descending=True).values)
@@ -58,7 +58,7 @@ def test_splitter_with_k_equal_n_sorts(n):
     assert torch.equal(hard_evaluate(splitter_selection(n, n), x), x.sort(dim=1, descending=True).values)
 
 
-# (n, k) -> (layers, comparators) of the reference code (spec §2.7 table; paper: n = 1024 -> 22 layers)
+# (n, k) -> (layers, comparators) of the reference code (difftopk; paper App. B: n = 1024 -> 22 layers)
 SPLITTER_SIZES = {(8, 2): (5, 14), (16, 5): (10, 50), (16, 1): (4, 32), (16, 2): (6, 36), (32, 5): (14, 111),
                   (50, 5): (15, 181), (64, 5): (15, 240), (100, 5): (17, 385), (100, 10): (27, 528),
                   (1000, 5): (22, 5085), (1024, 5): (22, None)}
@@ -66,7 +66,7 @@ BITONIC_SIZES = {16: (10, 80), 32: (15, 240), 50: (21, 492), 64: (21, 672), 100:
 
 
 @pytest.mark.parametrize("nk", list(SPLITTER_SIZES))
-def test_splitter_sizes_match_spec(nk):
+def test_splitter_sizes_match_reference(nk):
     net = splitter_selection(*nk)
     layers, comps = SPLITTER_SIZES[nk]
     assert net.num_layers == layers
@@ -75,7 +75,7 @@ def test_splitter_sizes_match_spec(nk):
 
 
 def test_splitter_worked_example():
-    # spec §2.7: n = 8, k = 2 in the original (= our) frame
+    # difftopk's n = 8, k = 2 network in the original (= our) frame
     net = splitter_selection(8, 2)
     pairs = [sorted(zip(layer.hi.tolist(), layer.lo.tolist())) for layer in net.layers]
     assert pairs == [[(0, 4), (1, 5), (2, 6), (3, 7)], [(0, 2), (1, 3), (4, 6), (5, 7)],

@@ -1,4 +1,4 @@
-"""SOFT top-k (Xie et al. 2020): worked numbers of specs/soft_topk_ot.md §2, marginals, implicit gradients."""
+"""SOFT top-k (Xie et al. 2020): worked numbers of the official code, marginals, implicit gradients."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch
 from torch.autograd import gradcheck
 
 from diffrank.operators import load
-from diffrank.operators.soft_topk import SoftTopK, _sinkhorn_log, soft_topk_sorted
+from diffrank.operators.log_sinkhorn import SinkhornSchedule, log_sinkhorn
+from diffrank.operators.soft_topk import SoftTopK, soft_topk_sorted
 
 F64 = torch.float64
 # the reference code's semantics: plain Sinkhorn, a fixed number of iterations, cost / batch max
@@ -109,8 +110,9 @@ def _unrolled(s, k, beta, sorted_variant=False, iters=1500):
         x, y = -s, torch.tensor([0.0, 1.0], dtype=F64)
         nu = torch.tensor([k / n, (n - k) / n], dtype=F64)
     C = (x.unsqueeze(-1) - y) ** 2
-    gam, _ = _sinkhorn_log(C, torch.full_like(x, -math.log(n)), nu.log().expand(s.shape[0], -1), 1 / beta, iters,
-                           None, 1)
+    plain = SinkhornSchedule(max_iter=iters, tolerance=None, epsilon_start=None)
+    log_gam, _, _ = log_sinkhorn(C, torch.full_like(x, -math.log(n)), nu.log().expand(s.shape[0], -1), 1 / beta, plain)
+    gam = log_gam.exp()
     return n * (gam[..., :k].transpose(-1, -2) if sorted_variant else gam[..., 0])
 
 

@@ -1,4 +1,4 @@
-"""The four sorting-network operators: stochasticity, bidirectional rows = full P rows, fused backward vs
+"""The comparator-network operator (four configs): stochasticity, bidirectional rows = full P rows, fused backward vs
 autograd, gradcheck for every sigmoid, monotonicity, hard limit, peer parity (diffsort / difftopk), dtypes."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 
 from diffrank.operators import load
 from diffrank.operators.networks import bitonic, odd_even, splitter_selection
-from diffrank.operators.sigmoids import SIGMOIDS
-from diffrank.operators.sorting_network import reference_forward, run_network
+from diffrank.operators.sigmoids import MONOTONIC, SIGMOIDS
+from diffrank.operators.sorting_network import ComparatorNetwork, reference_forward, run_network
 
 SIGS = list(SIGMOIDS)
 FULL = ["diffsort_odd_even", "diffsort_bitonic", "difftopk_bitonic"]
@@ -23,7 +23,7 @@ def _x(B, n, seed=0, dtype=torch.float64):
 
 
 def _to_ours(p_peer):
-    """Peer [b, item, ascending position] -> ours [b, rank (0 = largest), item] (spec §0 item 1)."""
+    """Peer [b, item, ascending position] -> ours [b, rank (0 = largest), item] (docs/conventions.md)."""
     return p_peer.transpose(1, 2).flip(1)
 
 
@@ -73,7 +73,7 @@ def test_gradcheck_every_sigmoid(name, sig):
     assert torch.autograd.gradcheck(lambda z: op.soft_sort(z), (s,))
 
 
-@pytest.mark.parametrize("sig", ["reciprocal", "cauchy", "optimal"])
+@pytest.mark.parametrize("sig", sorted(MONOTONIC))
 @pytest.mark.parametrize("name", ["diffsort_odd_even", "diffsort_bitonic"])
 def test_monotonic_sigmoids(name, sig):
     """Thesis Thm 3.2-3.7: with a monotonic sigmoid every soft-sorted output is non-decreasing in every
@@ -135,6 +135,21 @@ def test_bad_constructor_args():
         load("diffsort_bitonic", sigmoid="softmax")
     with pytest.raises(ValueError, match="art_lambda"):
         load("difftopk_bitonic", art_lambda=1.5)
+    with pytest.raises(ValueError, match="network must be one of"):
+        load("difftopk_bitonic", network="merge")
+
+
+def test_one_class_for_every_network_config():
+    ops = {name: load(name) for name in FULL + ["difftopk_splitter"]}
+    assert {type(op) for op in ops.values()} == {ComparatorNetwork}
+    assert [ops[n].network for n in ops] == ["odd_even", "bitonic", "bitonic", "splitter_selection"]
+    assert (ops["diffsort_bitonic"].beta, ops["diffsort_bitonic"].sigmoid, ops["diffsort_bitonic"].art_lambda) == (
+        10.0, "cauchy", 0.25)
+    assert (ops["difftopk_bitonic"].beta, ops["difftopk_bitonic"].sigmoid, ops["difftopk_bitonic"].art_lambda) == (
+        1.0, "logistic_phi", 0.5)
+    assert ops["diffsort_odd_even"].doubly_stochastic and not ops["difftopk_splitter"].doubly_stochastic
+    s = _x(2, 9)
+    torch.testing.assert_close(ops["difftopk_bitonic"].topk_rows(s, 3), ops["difftopk_bitonic"](s, k=3))
 
 
 @pytest.mark.parametrize("sig", SIGS)

@@ -43,11 +43,37 @@ def test_keep_freed_memory_stops_page_faults_on_reallocation():
     assert faults_on < pages // 4, f"{faults_on} page faults for 5 re-allocations of a kept 64 MiB block (steady state)"
 
 
-def test_keep_freed_memory_is_on_in_the_default_config():
-    from hydra import compose, initialize_config_dir
+@pytest.mark.parametrize(("accelerator", "expected"), [("cpu", True), ("gpu", False)])
+def test_process_settings_apply_the_malloc_switch_to_cpu_runs_only(monkeypatch, accelerator, expected):
+    import warnings
 
-    from diffrank.utils.configs import config_dir
+    from omegaconf import OmegaConf
 
-    with initialize_config_dir(str(config_dir()), version_base="1.3"):
-        cfg = compose("train")
-    assert cfg.extras.keep_freed_memory is True
+    import diffrank.train as train_mod
+
+    calls = []
+    monkeypatch.setattr(train_mod, "keep_freed_memory", lambda: calls.append(1) or True)
+    cfg = OmegaConf.create({"extras": {"keep_freed_memory": True, "ignore_warnings": False},
+                            "trainer": {"accelerator": accelerator}})
+    with warnings.catch_warnings():
+        applied = train_mod.apply_process_settings(cfg)
+        filters = list(warnings.filters)
+    assert applied == {"ignore_warnings": False, "keep_freed_memory": expected}
+    assert len(calls) == int(expected)
+    assert ("ignore", None, Warning, None, 0) not in filters
+
+
+def test_train_itself_changes_no_process_setting(compose_train, monkeypatch):
+    """train() is a library function: no warning filter, no malloc switch (only the script entry applies them)."""
+    import warnings
+
+    import diffrank.train as train_mod
+
+    calls = []
+    monkeypatch.setattr(train_mod, "keep_freed_memory", lambda: calls.append(1) or True)
+    cfg = compose_train(["extras.ignore_warnings=true"])
+    with warnings.catch_warnings():
+        before = list(warnings.filters)
+        train_mod.train(cfg)
+        after = list(warnings.filters)
+    assert calls == [] and after == before

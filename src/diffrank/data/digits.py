@@ -4,7 +4,11 @@
 - ``data=digits100``: two real digit images side by side (8 x 16), labelled 10·left + right ∈ 00..99,
   100 classes so that top-5 means something. The source images are split into train / val / test
   pools first and pairs are composed only within a pool, so no image is shared across splits. Pairs
-  are drawn deterministically from ``seed`` (class-balanced: each label equally often).
+  are drawn deterministically from ``split_seed`` (class-balanced: each label equally often).
+
+Seeds: ``split_seed`` fixes the data (the split and the composed pairs): fixed by default, as the
+papers' splits are, so that a sweep over ``seed`` measures training variance only. ``seed`` drives the
+order of the training batches (:class:`EpochShuffleSampler`, a pure function of ``(seed, epoch)``).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 
 def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
@@ -63,6 +67,36 @@ def compose_pairs(images: np.ndarray, labels: np.ndarray, count: int, seed: int)
     return np.concatenate([images[left], images[right]], axis=2), y.astype(np.int64)
 
 
+class EpochShuffleSampler(Sampler[int]):
+    """A permutation of ``range(n)`` that is a pure function of ``(seed, epoch)``.
+
+    Lightning calls :meth:`set_epoch` before every epoch; the permutation is drawn when iteration starts.
+    :meth:`set_start` makes the next pass skip its first items (a resumed run continues mid-epoch).
+    """
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed, self.epoch, self.start = int(n), int(seed), 0, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch whose permutation the next pass yields."""
+        self.epoch = int(epoch)
+
+    def set_start(self, start: int) -> None:
+        """Skip the first ``start`` items of the next pass only."""
+        self.start = int(start)
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        """The order of epoch ``epoch``."""
+        return np.random.default_rng([self.seed, 1, int(epoch)]).permutation(self.n)
+
+    def __iter__(self):
+        start, self.start = self.start, 0
+        yield from self.permutation(self.epoch)[start:].tolist()
+
+    def __len__(self) -> int:
+        return self.n
+
+
 class DigitsDataModule(L.LightningDataModule):
     """scikit-learn digits as a LightningDataModule (10 classes, or 100 with ``pairs=True``).
 
@@ -71,7 +105,8 @@ class DigitsDataModule(L.LightningDataModule):
         n_train / n_val / n_test: number of composed pairs per split (ignored without ``pairs``).
         fractions: share of the source images in the train / val / test pools.
         batch_size: per device.
-        seed: controls the split and the composition.
+        seed: the order of the training batches (``seed`` of the run).
+        split_seed: the split and the composition of the pairs (fixed by default).
         num_workers: DataLoader workers.
         num_classes / image_shape: optional, checked against the data (the yaml states them for interpolation).
 
@@ -87,7 +122,7 @@ class DigitsDataModule(L.LightningDataModule):
     def __init__(self, pairs: bool = False, n_train: int = 20000, n_val: int = 2000, n_test: int = 5000,
                  fractions: tuple[float, float, float] = (0.7, 0.15, 0.15), batch_size: int = 128,
                  seed: int = 0, num_workers: int = 0, num_classes: int | None = None,
-                 image_shape: tuple[int, ...] | None = None) -> None:
+                 image_shape: tuple[int, ...] | None = None, split_seed: int = 0) -> None:
         super().__init__()
         self.pairs = bool(pairs)
         self.n_train, self.n_val, self.n_test = int(n_train), int(n_val), int(n_test)
@@ -96,6 +131,7 @@ class DigitsDataModule(L.LightningDataModule):
             raise ValueError(f"fractions must be three positive numbers summing to 1, got {fractions}")
         self.batch_size = int(batch_size)
         self.seed = int(seed)
+        self.split_seed = int(split_seed)
         self.num_workers = int(num_workers)
         self.num_classes = 100 if self.pairs else 10
         self.image_shape = (1, 8, 16) if self.pairs else (1, 8, 8)
@@ -107,25 +143,31 @@ class DigitsDataModule(L.LightningDataModule):
         self.splits: dict[str, TensorDataset] = {}
 
     def setup(self, stage: str | None = None) -> None:
-        """Build the three splits once (deterministic from ``seed``)."""
+        """Build the three splits once (deterministic from ``split_seed``)."""
         if self.splits:
             return
         images, labels = load_digits_arrays()
-        pools = split_indices(labels, self.fractions, self.seed)
+        pools = split_indices(labels, self.fractions, self.split_seed)
         counts = (self.n_train, self.n_val, self.n_test)
         for i, (name, idx) in enumerate(zip(("train", "val", "test"), pools)):
             x, y = images[idx], labels[idx]
             if self.pairs:
-                x, y = compose_pairs(x, y, counts[i], self.seed * 1000 + i)
+                x, y = compose_pairs(x, y, counts[i], self.split_seed * 1000 + i)
             self.splits[name] = TensorDataset(torch.from_numpy(x).unsqueeze(1), torch.from_numpy(y))
         self.source_indices = dict(zip(("train", "val", "test"), pools))
 
     def _loader(self, name: str, shuffle: bool) -> DataLoader:
-        return DataLoader(self.splits[name], batch_size=self.batch_size, shuffle=shuffle,
-                          num_workers=self.num_workers, drop_last=shuffle)
+        if not shuffle:
+            return DataLoader(self.splits[name], batch_size=self.batch_size, num_workers=self.num_workers)
+        # the order is a pure function of (seed, epoch); the loader's own generator keeps iterator creation
+        # from drawing on torch's global generator (which a resumed run restores)
+        return DataLoader(self.splits[name], batch_size=self.batch_size, num_workers=self.num_workers,
+                          sampler=EpochShuffleSampler(len(self.splits[name]), self.seed), drop_last=True,
+                          generator=torch.Generator().manual_seed(self.seed))
 
     def train_dataloader(self) -> DataLoader:
-        """Shuffled training batches (last partial batch dropped, as the reference scripts do)."""
+        """Shuffled training batches (order from ``(seed, epoch)``; last partial batch dropped, as the reference
+        scripts do)."""
         return self._loader("train", True)
 
     def val_dataloader(self) -> DataLoader:

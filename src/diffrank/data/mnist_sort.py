@@ -5,14 +5,15 @@ from one split's pool and put side by side along the width (MNIST: 1 x 28 x 112)
 decimal number they spell, leading zeros allowed (Σ_d 10^{digits-1-d} · label_d). One *set* holds n
 numbers drawn independently. The network only learns from the order of the values.
 
-Splits (spec ``sorting_benchmark.md`` §2.1, official ``diffsort`` loader): train = the first 55 000
+Splits (thesis §3.5; the official ``diffsort`` loader): train = the first 55 000
 MNIST training images, validation = the last 5 000, test = the 10 000 test images; digits never cross
 splits. Pixels are uint8/255 in [0, 1], no normalisation, no augmentation.
 
 Sampling: training sets are drawn afresh for every batch from ``(seed, epoch, batch index)`` (the
 official code carries one RNG state; ours gives the same distribution and stays deterministic with
-several workers or processes). Validation and test collections are materialised once per seed (the
-spec's recommendation) as digit indices, and composed into images batch by batch. EM5 (spec §6) needs
+several workers or processes). Validation and test collections are materialised once per ``split_seed``
+(fixed by default, so a sweep over ``seed`` is evaluated on the same sets) as digit indices, and
+composed into images batch by batch. EM5 (docs/conventions.md) needs
 sets of 5 from the same split: for n < 5 evaluation batches carry a dedicated collection of 5-sets; for
 n >= 5 the model reads EM5 off the ⌊n/5⌋ disjoint 5-chunks of each n-set, which are 5-sets of
 independently drawn numbers too (so large n costs no extra images).
@@ -43,6 +44,22 @@ def mnist_raw_folder(data_dir: str | Path) -> Path:
     return Path(data_dir) / "MNIST" / "raw"
 
 
+def check_mnist_files(data_dir: str | Path) -> None:
+    """Raise unless ``<data_dir>/MNIST/raw/`` holds the four uncompressed idx files.
+
+    Raises:
+        FileNotFoundError: the message lists every missing path and how to provide it.
+    """
+    raw = mnist_raw_folder(data_dir)
+    missing = [raw / f for f in MNIST_FILES if not (raw / f).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            "MNIST files not found: " + ", ".join(str(m) for m in missing) + ". Put the uncompressed idx files "
+            f"in {raw}/ (torchvision layout), or set data.download=true to fetch them, or point "
+            "paths.data_dir (env DIFFRANK_DATA) at a folder that has MNIST/raw/."
+        )
+
+
 def load_mnist(data_dir: str | Path, download: bool = False) -> dict[str, tuple[Tensor, Tensor]]:
     """MNIST as uint8 tensors: ``{"train": (images (60000, 28, 28), labels (60000,)), "test": (…10000…)}``.
 
@@ -54,20 +71,13 @@ def load_mnist(data_dir: str | Path, download: bool = False) -> dict[str, tuple[
         FileNotFoundError: files missing and ``download`` false; the message lists the missing paths and
             how to provide them.
     """
-    raw = mnist_raw_folder(data_dir)
-    missing = [raw / f for f in MNIST_FILES if not (raw / f).is_file()]
     from torchvision.datasets import MNIST
 
-    if missing and download:
+    raw = mnist_raw_folder(data_dir)
+    if download and not all((raw / f).is_file() for f in MNIST_FILES):
         MNIST(str(data_dir), train=True, download=True)
         MNIST(str(data_dir), train=False, download=True)
-        missing = [raw / f for f in MNIST_FILES if not (raw / f).is_file()]
-    if missing:
-        raise FileNotFoundError(
-            "MNIST files not found: " + ", ".join(str(m) for m in missing) + ". Put the uncompressed idx files "
-            f"in {raw}/ (torchvision layout), or set data.download=true to fetch them, or point "
-            "paths.data_dir (env DIFFRANK_DATA) at a folder that has MNIST/raw/."
-        )
+    check_mnist_files(data_dir)
     out = {}
     for split, train in (("train", True), ("test", False)):
         ds = MNIST(str(data_dir), train=train, download=False)
@@ -134,18 +144,29 @@ class DigitPool:
 
 
 class EpochBatchSampler(Sampler):
-    """Yields ``(epoch, i)`` for i < length; Lightning calls :meth:`set_epoch` before each epoch."""
+    """Yields ``(epoch, i)`` for i < length; Lightning calls :meth:`set_epoch` before each epoch.
+
+    The epoch is read when iteration starts (a resumed run creates its iterator before Lightning sets the
+    epoch); :meth:`set_start` makes the next pass begin at batch ``start`` (resuming mid-epoch).
+    """
 
     def __init__(self, length: int) -> None:
         self.length = int(length)
         self.epoch = 0
+        self.start = 0
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass draw new sets."""
         self.epoch = int(epoch)
 
+    def set_start(self, start: int) -> None:
+        """Skip the first ``start`` batches of the next pass only."""
+        self.start = int(start)
+
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        return iter([(self.epoch, i) for i in range(self.length)])
+        start, self.start = self.start, 0
+        for i in range(start, self.length):
+            yield (self.epoch, i)
 
     def __len__(self) -> int:
         return self.length
@@ -210,7 +231,8 @@ class MultiDigitSortDataModule(L.LightningDataModule):
         val_pool: images at the end of the MNIST training set used as the validation pool (5 000).
         eval_batch_size: sets per evaluation batch (default ``batch_size``).
         em5: build dedicated 5-sets for EM5 when n < 5 (for n >= 5 the 5-chunks of the n-sets serve).
-        seed: seeds the evaluation collections and the training draws.
+        seed: seeds the training draws (``seed`` of the run).
+        split_seed: seeds the evaluation collections and, for ``source="digits"``, the pools (fixed by default).
         num_workers: DataLoader workers.
         fractions: (train, val, test) pool shares for ``source="digits"``.
         image_shape: optional, checked against the data (the yaml states it for interpolation).
@@ -221,7 +243,8 @@ class MultiDigitSortDataModule(L.LightningDataModule):
 
     Raises:
         ValueError: bad sizes or source; image_shape disagreeing with the data.
-        FileNotFoundError: MNIST files missing (see :func:`load_mnist`).
+        FileNotFoundError: MNIST files missing and ``download`` false, at construction (see
+            :func:`check_mnist_files`).
     """
 
     def __init__(self, n: int = 5, source: str = "mnist", data_dir: str | Path = "data", download: bool = False,
@@ -229,7 +252,7 @@ class MultiDigitSortDataModule(L.LightningDataModule):
                  test_sets: int = 10000, val_pool: int = 5000, eval_batch_size: int | None = None,
                  em5: bool = True, seed: int = 0, num_workers: int = 0,
                  fractions: tuple[float, float, float] = (0.7, 0.15, 0.15),
-                 image_shape: tuple[int, ...] | None = None) -> None:
+                 image_shape: tuple[int, ...] | None = None, split_seed: int = 0) -> None:
         super().__init__()
         if int(n) < 2:
             raise ValueError(f"a set needs at least n = 2 numbers, got n = {n}")
@@ -241,12 +264,15 @@ class MultiDigitSortDataModule(L.LightningDataModule):
         self.digits, self.batch_size = int(digits), int(batch_size)
         self.train_sets, self.val_sets, self.test_sets = int(train_sets), int(val_sets), int(test_sets)
         self.val_pool, self.em5, self.seed, self.num_workers = int(val_pool), bool(em5), int(seed), int(num_workers)
+        self.split_seed = int(split_seed)
         self.eval_batch_size = int(eval_batch_size or batch_size)
         self.fractions = tuple(float(f) for f in fractions)
         side = 28 if source == "mnist" else 8
         self.image_shape = (1, side, side * self.digits)
         if image_shape is not None and tuple(int(v) for v in image_shape) != self.image_shape:
             raise ValueError(f"image_shape = {tuple(image_shape)} does not match the data ({self.image_shape})")
+        if source == "mnist" and not self.download:
+            check_mnist_files(self.data_dir)  # now, naming the files, rather than at the first fit
         self.pools: dict[str, DigitPool] = {}
         self.datasets: dict[str, Dataset] = {}
 
@@ -266,19 +292,19 @@ class MultiDigitSortDataModule(L.LightningDataModule):
             from diffrank.data.digits import load_digits_arrays, split_indices
 
             images, labels = load_digits_arrays()
-            parts = split_indices(labels, self.fractions, self.seed)
+            parts = split_indices(labels, self.fractions, self.split_seed)
             self.pools = {name: DigitPool(torch.from_numpy(images[p]), torch.from_numpy(labels[p]),
                                           torch.from_numpy(p)) for name, p in zip(_SPLITS, parts)}
 
     def setup(self, stage: str | None = None) -> None:
-        """Load the digits and materialise the evaluation collections (once, deterministic from ``seed``)."""
+        """Load the digits and materialise the evaluation collections (once, deterministic from ``split_seed``)."""
         if self.datasets:
             return
         self._build_pools()
         self.datasets["train"] = RandomSetBatches(self.pools["train"], self.n, self.digits, self.batch_size,
                                                   max(1, self.train_sets // self.batch_size), self.seed)
         for k, (name, count) in enumerate((("val", self.val_sets), ("test", self.test_sets)), start=1):
-            rng = np.random.default_rng([self.seed, k])
+            rng = np.random.default_rng([self.split_seed, k])
             pool = self.pools[name]
             idx = pool.draw(rng, count, self.n, self.digits)
             # n >= 5: EM5 is read off disjoint 5-chunks of the n-sets (their numbers are i.i.d.), no extra images
@@ -288,8 +314,9 @@ class MultiDigitSortDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         """One fresh batch per step (the dataset yields whole batches, ``batch_size=None``)."""
         ds = self.datasets["train"]
+        # own generator: creating the iterator does not draw on torch's global generator (restored on resume)
         return DataLoader(ds, batch_size=None, sampler=EpochBatchSampler(len(ds)), num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0)
+                          persistent_workers=self.num_workers > 0, generator=torch.Generator().manual_seed(self.seed))
 
     def _eval_loader(self, name: str) -> DataLoader:
         return DataLoader(self.datasets[name], batch_size=self.eval_batch_size, shuffle=False,

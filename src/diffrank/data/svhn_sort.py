@@ -1,6 +1,6 @@
 """Sets of SVHN house-number images for the ranking-supervision benchmark (thesis §3.5 "SVHN", Tables 3.4, 3.6, 3.7).
 
-Data (spec ``sorting_benchmark.md`` §2.2; official ``diffsort`` ``datasets/svhn_multi.py``): Format-1 SVHN
+Data (thesis §3.5 "SVHN"; official ``diffsort`` ``datasets/svhn_multi.py``): Format-1 SVHN
 preprocessed as in Goodfellow et al. 2013 (bounding box of the whole number enlarged by 30 %, resized to
 64 x 64 RGB), distributed as three files ``svhn-multi-digit-3x64x64_{train,val,test}.p``, each a
 ``torch.save``'d tuple ``(images uint8 (N, 3, 64, 64), labels (N,) = the house number)``;
@@ -9,7 +9,7 @@ train = 230 755, val = 5 000, test = 13 068 images. We expect them in ``<data_di
 Preprocessing as the official code, on *every* split: a random 54 x 54 crop, pixels /255, then
 normalisation with mean 0.5 and std 0.5 per channel (values in [-1, 1]). Numbers are used as they are
 (1-5 digits, no concatenation). A set = n consecutive images of the loader: shuffled anew every epoch for
-training, in file order for validation / test (whose crops we fix per seed, like the MNIST collections).
+training, in file order for validation / test (whose crops we fix per ``split_seed``, like the MNIST collections).
 EM5 for n < 5: dedicated 5-sets, consecutive 5-image chunks of a seeded permutation of the split; for
 n >= 5 the model uses the disjoint 5-chunks of the n-sets (the official code: the first 5 of each set).
 """
@@ -37,6 +37,20 @@ SVHN_URL = "https://nyc3.digitaloceanspaces.com/publicdata1/"
 def svhn_folder(data_dir: str | Path) -> Path:
     """``<data_dir>/SVHNMultiDigit``."""
     return Path(data_dir) / "SVHNMultiDigit"
+
+
+def check_svhn_files(data_dir: str | Path) -> None:
+    """Raise unless ``<data_dir>/SVHNMultiDigit/`` holds the three split files.
+
+    Raises:
+        FileNotFoundError: the message lists every missing path and how to provide it.
+    """
+    missing = [svhn_folder(data_dir) / f for f in SVHN_FILES.values() if not (svhn_folder(data_dir) / f).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            "SVHN multi-digit files not found: " + ", ".join(str(m) for m in missing) + ". Put the preprocessed "
+            f"files (official diffsort SVHN release) in {svhn_folder(data_dir)}/, or set data.download=true, or "
+            "point paths.data_dir at a folder holding SVHNMultiDigit/.")
 
 
 def load_svhn_split(data_dir: str | Path, split: str, download: bool = False,
@@ -146,7 +160,8 @@ class SVHNSortDataModule(L.LightningDataModule):
         batch_size: sets per batch (100). eval_batch_size: sets per evaluation batch.
         crop: crop side (54).
         em5: add dedicated 5-sets to validation / test batches when n < 5.
-        seed: seeds shuffling, crops and the 5-sets.
+        seed: seeds the training shuffles and crops (``seed`` of the run).
+        split_seed: seeds the evaluation crops and 5-sets (fixed by default).
         num_workers: DataLoader workers.
         image_shape: optional, checked against ``(3, crop, crop)``.
 
@@ -154,12 +169,14 @@ class SVHNSortDataModule(L.LightningDataModule):
     ``(images5 (B, 5, …), values5 (B, 5))`` when ``em5`` and n < 5.
 
     Raises:
-        ValueError: bad sizes; FileNotFoundError: missing files (see :func:`load_svhn_split`).
+        ValueError: bad sizes; FileNotFoundError: missing files and ``download`` false, at construction
+            (see :func:`check_svhn_files`).
     """
 
     def __init__(self, n: int = 5, data_dir: str | Path = "data", download: bool = False, check_md5: bool = False,
                  batch_size: int = 100, eval_batch_size: int | None = None, crop: int = 54, em5: bool = True,
-                 seed: int = 0, num_workers: int = 0, image_shape: tuple[int, ...] | None = None) -> None:
+                 seed: int = 0, num_workers: int = 0, image_shape: tuple[int, ...] | None = None,
+                 split_seed: int = 0) -> None:
         super().__init__()
         if int(n) < 2:
             raise ValueError(f"a set needs at least n = 2 numbers, got n = {n}")
@@ -167,9 +184,12 @@ class SVHNSortDataModule(L.LightningDataModule):
         self.batch_size, self.crop, self.em5 = int(batch_size), int(crop), bool(em5)
         self.eval_batch_size = int(eval_batch_size or batch_size)
         self.seed, self.num_workers = int(seed), int(num_workers)
+        self.split_seed = int(split_seed)
         self.image_shape = (3, self.crop, self.crop)
         if image_shape is not None and tuple(int(v) for v in image_shape) != self.image_shape:
             raise ValueError(f"image_shape = {tuple(image_shape)} does not match the data ({self.image_shape})")
+        if not self.download:
+            check_svhn_files(self.data_dir)  # now, naming the files, rather than at the first fit
         self.datasets: dict[str, _SVHNSets] = {}
 
     def setup(self, stage: str | None = None) -> None:
@@ -182,7 +202,8 @@ class SVHNSortDataModule(L.LightningDataModule):
                 raise ValueError(f"SVHN {split} images {tuple(images.shape[-2:])} are smaller than the crop "
                                  f"{self.crop}")
             train = split == "train"
-            ds = _SVHNSets(images, labels, self.n, self.crop, self.seed + (0 if train else 7 * (split == "test")),
+            seed = self.seed if train else self.split_seed + 7 * (split == "test")
+            ds = _SVHNSets(images, labels, self.n, self.crop, seed,
                            batch_size=self.batch_size, train=train, with5=self.em5 and self.n < 5)
             if len(ds) == 0:
                 raise ValueError(f"SVHN {split} has {len(images)} images: too few for one batch of sets")
@@ -192,7 +213,7 @@ class SVHNSortDataModule(L.LightningDataModule):
         """One batch of sets per step, a new shuffle per epoch."""
         ds = self.datasets["train"]
         return DataLoader(ds, batch_size=None, sampler=EpochBatchSampler(len(ds)), num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0)
+                          persistent_workers=self.num_workers > 0, generator=torch.Generator().manual_seed(self.seed))
 
     def val_dataloader(self) -> DataLoader:
         """Validation sets (file order, fixed crops)."""

@@ -5,9 +5,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import torch
-from torch import Tensor
-
 
 class PK:
     """A validated distribution P_K(k), k = 1..len(weights).
@@ -48,12 +45,3 @@ class PK:
     def support(self, start: int = 1) -> list[int]:
         """The ks >= ``start`` with P_K(k) > 0, ascending."""
         return [i + 1 for i, x in enumerate(self.weights) if x > 0 and i + 1 >= start]
-
-    def rank_weights(self, device=None, dtype=torch.float32) -> Tensor:
-        """w_r = Σ_{k >= r} P_K(k), r = 1..len (Petersen et al. 2022, Eq. 2 with the sums swapped).
-
-        Returns:
-            ``(len(weights),)`` tensor, non-increasing, w_1 = 1.
-        """
-        w = torch.tensor(self.weights, device=device, dtype=dtype)
-        return w.flip(0).cumsum(0).flip(0)

@@ -141,12 +141,10 @@ class SmoothTopKLoss(nn.Module):
         self.n_classes = n_classes
 
     def forward(self, logits: Tensor, labels: Tensor) -> Tensor:
-        """Scores (B, C) float, labels (B,) int64 → scalar loss; errors, equation: class docstring."""
         _check_batch(logits, labels, self.k, self.n_classes)
         return smooth_topk_svm(logits, labels, self.k, self.tau).mean()
 
     def extra_repr(self) -> str:
-        """The constructor arguments that ``repr`` shows (β and the paper's own parameters)."""
         return f"k={self.k}, tau={self.tau}, n_classes={self.n_classes}"
 
 
@@ -159,7 +157,6 @@ class SmoothHardTopKLoss(SmoothTopKLoss):
     """
 
     def forward(self, logits: Tensor, labels: Tensor) -> Tensor:
-        """Scores (B, C) float, labels (B,) int64 → scalar loss; errors, equation: class docstring."""
         _check_batch(logits, labels, self.k, self.n_classes)
         x = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
         top = x.detach().topk(self.k + 1, dim=1).values

@@ -4,7 +4,7 @@
 relaxed permutation of the scores produced by a ranking operator (rows = ranks, rank 1 = largest).
 Swapping the sums: Σ_k P_K(k) Σ_{r<=k} P[r, y] = Σ_r w_r P[r, y] with w_r = Σ_{k>=r} P_K(k).
 
-Top-1 handling (``top1_mode``; specs/difftopk_diffsort.md §3.3):
+Top-1 handling (``top1_mode``; Petersen et al. 2022, Eq. 4, and their reference code):
 
 - ``"eq4"`` — the paper's Eq. 4 (the reference code's ``smce``):
   ℓ = P_K(1) · CE(s, y) - (1 - P_K(1)) · log q_y, q_y = Σ_{k>=2} P_K(k) Pr(y ∈ top-k).
@@ -83,6 +83,8 @@ class TopKCrossEntropyLoss(nn.Module):
             top1_mode = "eq4"
         if top1_mode not in TOP1_MODES:
             raise ValueError(f"top1_mode must be one of {TOP1_MODES} (or 'smce' = 'eq4'), got {top1_mode!r}")
+        if p_k is None:
+            raise ValueError("TopKCrossEntropyLoss needs P_K: choose one with pk=<name> or pk.weights=[...]")
         self.p_k = p_k if isinstance(p_k, PK) else PK(p_k)
         self.top1_mode = top1_mode
         if m is not None:
@@ -100,7 +102,6 @@ class TopKCrossEntropyLoss(nn.Module):
         self.operator = operator
 
     def forward(self, logits: Tensor, labels: Tensor) -> Tensor:
-        """Loss value; see the class docstring for shapes and errors."""
         check_logits_labels(logits, labels)
         n = logits.shape[1]
         if self.p_k.k_max > n:
@@ -136,5 +137,4 @@ class TopKCrossEntropyLoss(nn.Module):
         return loss
 
     def extra_repr(self) -> str:
-        """The constructor arguments that ``repr`` shows (β and the paper's own parameters)."""
         return f"p_k={list(self.p_k.weights)}, m={self.m}, top1_mode={self.top1_mode!r}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from torch import Tensor, nn
-from torchmetrics import MaxMetric, MeanMetric
+from torchmetrics import MaxMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from diffrank.models.base import ConfiguredModule
@@ -38,8 +38,6 @@ class TopKClassifier(ConfiguredModule):
             f"{stage}_top{k}": MulticlassAccuracy(num_classes=num_classes, top_k=k, average="micro")
             for stage in ("val", "test") for k in self.topk
         })
-        self.train_loss = MeanMetric()
-        self.val_loss = MeanMetric()
         self.val_top1_best = MaxMetric()
 
     def forward(self, x: Tensor) -> Tensor:
@@ -48,7 +46,6 @@ class TopKClassifier(ConfiguredModule):
 
     def on_train_start(self) -> None:
         """Forget the sanity-check validation (LHT: it would pollute the best value)."""
-        self.val_loss.reset()
         self.val_top1_best.reset()
         for k in self.topk:
             self.metrics[f"val_top{k}"].reset()

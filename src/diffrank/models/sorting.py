@@ -1,6 +1,6 @@
 """Ranking supervision (thesis §3.5, Fig. 3.1): a CNN scores each image of a set; a ranking loss on the scores.
 
-Networks (spec ``sorting_benchmark.md`` §3; official ``diffsort`` ``models.py``):
+Networks (thesis §3.5 "Network Architecture"; official ``diffsort`` ``models.py``):
 
 - :class:`MultiDigitCNN`: [conv 5x5 → ReLU → max-pool 2] blocks, flatten, Linear → 64, ReLU, Linear → 1.
   ``channels=(32, 64)`` on 1 x 28 x 112 is the MNIST net (Grover et al. 2019; 12 544 features);
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from torch import Tensor, nn
-from torchmetrics import MaxMetric, MeanMetric
+from torchmetrics import MaxMetric
 
 from diffrank.metrics.sorting import ElementWiseAccuracy, ExactMatch
 from diffrank.models.base import ConfiguredModule
@@ -88,7 +88,6 @@ class RankingSupervisionModule(ConfiguredModule):
             for name, cls in (("em", ExactMatch), ("ew", ElementWiseAccuracy), ("em5", ExactMatch))
         })
         self.val_em5_best = MaxMetric()
-        self.train_loss = MeanMetric()
 
     def forward(self, images: Tensor) -> Tensor:
         """Scores ``(B, n)`` for sets of images ``(B, n, C, H, W)``.

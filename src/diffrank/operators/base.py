@@ -1,26 +1,30 @@
 """The ranking-operator contract shared by every relaxed sorting / ranking / top-k method.
 
-Conventions (DEVELOPERS.md, specs/README.md): scores ``s`` of shape ``(B, n)``; the relaxed
-permutation matrix ``P`` has rows = ranks (row 0 = rank 1 = the largest score) and columns =
-items, so ``P @ s`` is the soft-sorted vector in *descending* order. ``beta`` is the inverse
-temperature of every operator; a paper's own parameter (τ = 1/β, ε = 1/β, …) is derived from it.
+Conventions (docs/conventions.md, "Relaxed permutation matrix: rows = ranks" and "Inverse temperature β vs
+τ, ε, α"): scores ``s`` of shape ``(B, n)``; the relaxed permutation matrix ``P`` has rows = ranks (row 0 =
+rank 1 = the largest score) and columns = items, so ``P @ s`` is the soft-sorted vector in *descending*
+order. ``beta`` is the inverse temperature of every operator; a paper's own parameter (τ = 1/β, ε = 1/β,
+α = -1/β) is derived from it.
 
 An operator says what it can compute through :attr:`RankingOperator.capabilities`:
 
-- ``"permutation"``: rows of P (``forward``); implies the other three.
+- ``"permutation"``: rows of P (``forward``); the other three then have default forms built from P.
 - ``"topk_membership"``: Pr(item j is among the top k) for given ks.
 - ``"soft_sort"``: soft-sorted values, descending.
 - ``"soft_rank"``: soft ranks, 1 = largest.
 
-Losses and experiments call :func:`require` to reject an operator that cannot serve them, with a
-message naming what is missing.
+The four public methods are defined here only (a template): each validates its inputs once, checks the
+capability, computes float16 / bfloat16 inputs in float32, calls one protected hook that a subclass
+implements (``_permutation``, ``_topk_membership``, ``_soft_sort``, ``_soft_rank``) and casts the result
+back to the input dtype. Validation synchronises with the host at most once per call (one read of all
+data-dependent checks together). Losses and experiments call :func:`require` to reject an operator that
+cannot serve them, with a message naming what is missing.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -31,17 +35,34 @@ SOFT_SORT = "soft_sort"
 SOFT_RANK = "soft_rank"
 ALL_CAPABILITIES = frozenset({PERMUTATION, TOPK_MEMBERSHIP, SOFT_SORT, SOFT_RANK})
 
+# a data-dependent check: a 0-d bool tensor that is True when the input is valid, and the error otherwise
+Check = tuple[Tensor, Exception]
 
-def check_scores(scores: Tensor, name: str = "scores") -> None:
-    """Validate a batch of scores.
+
+def raise_failed(checks: Sequence[Check]) -> None:
+    """Raise the error of the first failed check, reading every flag with one host synchronisation.
 
     Args:
-        scores: ``(B, n)`` floating-point tensor (float16 / bfloat16 / float32 / float64).
-        name: how the tensor is called in error messages.
+        checks: ``(ok, error)`` pairs; ``ok`` is a 0-d bool tensor, True when the check passes.
+
+    Raises:
+        The ``error`` of the first pair whose ``ok`` is False.
+    """
+    if len(checks) == 1:
+        oks = [bool(checks[0][0])]
+    else:
+        oks = torch.stack([ok.reshape(()).to(checks[0][0].device) for ok, _ in checks]).tolist() if checks else []
+    for ok, (_, error) in zip(oks, checks):
+        if not ok:
+            raise error
+
+
+def check_scores_shape(scores: Tensor, name: str = "scores") -> int:
+    """The checks of :func:`check_scores` that need no data (no host synchronisation); returns n.
 
     Raises:
         TypeError: if ``scores`` is not a tensor or not floating point.
-        ValueError: if ``scores`` is not 2-D, has ``n < 1``, or holds NaN / ±inf.
+        ValueError: if ``scores`` is not 2-D or has ``n < 1``.
     """
     if not isinstance(scores, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of shape (B, n), got {type(scores).__name__}")
@@ -51,8 +72,27 @@ def check_scores(scores: Tensor, name: str = "scores") -> None:
         raise TypeError(f"{name} must be floating point, got dtype {scores.dtype}")
     if scores.shape[1] < 1:
         raise ValueError(f"{name} must have at least one item (n >= 1), got shape {tuple(scores.shape)}")
-    if not bool(torch.isfinite(scores).all()):
-        raise ValueError(f"{name} contain non-finite values (NaN or inf)")
+    return scores.shape[1]
+
+
+def finite_check(scores: Tensor, name: str = "scores") -> Check:
+    """The data-dependent check of :func:`check_scores`, not yet read (see :func:`raise_failed`)."""
+    return torch.isfinite(scores).all(), ValueError(f"{name} contain non-finite values (NaN or inf)")
+
+
+def check_scores(scores: Tensor, name: str = "scores") -> None:
+    """Validate a batch of scores (one host synchronisation).
+
+    Args:
+        scores: ``(B, n)`` floating-point tensor (float16 / bfloat16 / float32 / float64).
+        name: how the tensor is called in error messages.
+
+    Raises:
+        TypeError: if ``scores`` is not a tensor or not floating point.
+        ValueError: if ``scores`` is not 2-D, has ``n < 1``, or holds NaN / ±inf.
+    """
+    check_scores_shape(scores, name)
+    raise_failed([finite_check(scores, name)])
 
 
 def check_k(k: int, n: int) -> int:
@@ -87,6 +127,11 @@ def check_beta(beta: float) -> float:
     return beta
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a computation runs in: float32 for float16 / bfloat16, else ``dtype`` itself."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def require(operator: nn.Module, capability: str, user: str) -> None:
     """Raise unless ``operator`` provides ``capability``.
 
@@ -107,50 +152,47 @@ def require(operator: nn.Module, capability: str, user: str) -> None:
 
 
 class RankingOperator(nn.Module):
-    """Base class of every relaxed ranking operator.
+    """Base class of every relaxed ranking operator: the public methods and what the contract reads.
 
-    Subclasses implement :meth:`relaxed_permutation` (if they provide ``"permutation"``) and may
-    override :meth:`topk_membership`, :meth:`soft_sort` and :meth:`soft_rank` with direct forms.
-    Inputs are validated here once, so subclasses receive valid ``(B, n)`` floating scores.
+    A subclass implements the hooks of the capabilities it declares and nothing public:
+    ``_permutation(x, k)`` (``"permutation"``; the other three hooks default to forms built from it),
+    or ``_topk_membership(x, ks)``, ``_soft_sort(x)``, ``_soft_rank(x)`` directly. Hooks receive scores
+    ``x`` already validated, in float32 or float64, and return any floating dtype (the caller casts).
 
     Args:
         beta: inverse temperature β > 0. Larger β = closer to the hard sort.
 
-    Class attributes:
-        capabilities: what the operator computes (see module docstring).
-        doubly_stochastic: True if the full P has unit column sums too (Sinkhorn, sorting
-            networks); False if only rows are normalised (NeuralSort, SoftSort).
+    Attributes (declared here with these defaults; a subclass overrides them as class attributes, or per
+    instance in ``__init__`` when they depend on its arguments):
+        capabilities: what the operator computes (see the module docstring). Default: all four.
+        doubly_stochastic: True if the full P has unit column sums too (Sinkhorn, sorting networks,
+            LapSum); default False (only rows are normalised, as for NeuralSort and SoftSort).
+        permutation_equivariant: True if permuting the items permutes the columns of P the same way
+            (every operator that treats items alike); default False (comparator networks compare fixed
+            wires).
+        hard_beta: a β at which the operator is within 1e-3 of the hard result on scores spaced >= 0.5
+            apart, n <= 8 (the contract tests use it); default 100.
 
     Raises:
         ValueError: on a non-positive or non-finite ``beta``.
     """
 
-    capabilities: ClassVar[frozenset[str]] = ALL_CAPABILITIES
-    doubly_stochastic: ClassVar[bool] = False
+    capabilities: frozenset[str] = ALL_CAPABILITIES
+    doubly_stochastic: bool = False
+    permutation_equivariant: bool = False
+    hard_beta: float = 100.0
 
     def __init__(self, beta: float = 1.0) -> None:
         super().__init__()
         self.beta = check_beta(beta)
 
-    # -- the one method a P-providing operator must implement -----------------------------------
-    def relaxed_permutation(self, scores: Tensor, k: int | None) -> Tensor:
-        """Rows of the relaxed permutation matrix for validated scores.
-
-        Args:
-            scores: ``(B, n)`` floating tensor, already validated.
-            k: ``None`` for all n rows, else the number of top rows (1 <= k <= n).
-
-        Returns:
-            ``(B, r, n)`` with ``r = n`` or ``k``, same dtype and device as ``scores``.
-        """
-        raise NotImplementedError(f"{type(self).__name__} does not provide the relaxed permutation P")
-
+    # -- the public methods (template: validate, check the capability, compute, cast back) ------------
     def forward(self, scores: Tensor, k: int | None = None) -> Tensor:
         """Relaxed permutation matrix P (rows = ranks, rank 1 = largest; columns = items).
 
         Args:
             scores: ``(B, n)`` float16 / bfloat16 / float32 / float64.
-            k: ``None`` for the full ``n x n`` matrix, else only the top ``k`` rows.
+            k: ``None`` for the full ``n x n`` matrix, else only the top ``k`` rows (an integer).
 
         Returns:
             ``P`` of shape ``(B, n, n)`` or ``(B, k, n)``, dtype of ``scores``; each row sums to 1.
@@ -159,68 +201,103 @@ class RankingOperator(nn.Module):
             ValueError / TypeError: bad scores (see :func:`check_scores`) or k (see :func:`check_k`),
                 or an operator without the ``"permutation"`` capability.
         """
-        require(self, PERMUTATION, f"{type(self).__name__}.forward")
-        check_scores(scores)
-        if k is not None:
-            k = check_k(k, scores.shape[1])
-        return self.relaxed_permutation(scores, k)
+        n = self._check_call(PERMUTATION, "forward", scores)
+        k = None if k is None else check_k(k, n)
+        x = self._compute_input(scores)
+        return self._permutation(x, k).to(scores.dtype)
 
     def topk_membership(self, scores: Tensor, ks: Sequence[int]) -> Tensor:
         """Probability that item j is among the top k, for each k in ``ks``.
 
-        Default: cumulative sums of the top ``max(ks)`` rows of P (Petersen et al. 2022, Eq. 2,
-        inner sum Σ_{r<=k} P_{r,j}).
-
         Args:
             scores: ``(B, n)`` floating tensor.
-            ks: non-empty sequence of ints in ``[1, n]``.
+            ks: non-empty sequence of ints in ``[1, n]`` (an operator may accept more, e.g. LapSum's real k).
 
         Returns:
             ``(B, len(ks), n)``, dtype of ``scores``.
 
         Raises:
-            ValueError / TypeError: bad scores or ks.
+            ValueError / TypeError: bad scores or ks, or an operator without ``"topk_membership"``.
         """
-        check_scores(scores)
-        ks = self._check_ks(ks, scores.shape[1])
-        p = self.relaxed_permutation(scores, max(ks))
-        csum = p.cumsum(dim=1)
-        idx = torch.as_tensor([k - 1 for k in ks], device=scores.device)
-        return csum.index_select(1, idx)
+        n = self._check_call(TOPK_MEMBERSHIP, "topk_membership", scores)
+        ks, checks = self._check_ks(ks, n, scores)
+        x = self._compute_input(scores, checks)
+        return self._topk_membership(x, ks).to(scores.dtype)
 
     def soft_sort(self, scores: Tensor) -> Tensor:
-        """Soft-sorted scores in descending order, ``P @ s``.
+        """Soft-sorted scores in descending order (``P @ s`` for a P-providing operator).
 
         Args:
             scores: ``(B, n)`` floating tensor.
 
         Returns:
             ``(B, n)`` of the dtype of ``scores``.
+
+        Raises:
+            ValueError / TypeError: bad scores, or an operator without ``"soft_sort"``.
         """
-        check_scores(scores)
-        p = self.relaxed_permutation(scores, None)
-        return (p @ scores.unsqueeze(-1)).squeeze(-1)
+        self._check_call(SOFT_SORT, "soft_sort", scores)
+        return self._soft_sort(self._compute_input(scores)).to(scores.dtype)
 
     def soft_rank(self, scores: Tensor) -> Tensor:
-        """Soft ranks (1 = largest), the expected rank of each item under P: ``Σ_r r · P[r, j]``.
+        """Soft ranks (1 = largest); for a P-providing operator the expected rank ``Σ_r r · P[r, j]``.
 
         Args:
             scores: ``(B, n)`` floating tensor.
 
         Returns:
             ``(B, n)`` of the dtype of ``scores``, values in ``[1, n]``.
+
+        Raises:
+            ValueError / TypeError: bad scores, or an operator without ``"soft_rank"``.
         """
-        check_scores(scores)
-        p = self.relaxed_permutation(scores, None)
-        r = torch.arange(1, scores.shape[1] + 1, dtype=p.dtype, device=p.device)
+        self._check_call(SOFT_RANK, "soft_rank", scores)
+        return self._soft_rank(self._compute_input(scores)).to(scores.dtype)
+
+    # -- the hooks a subclass implements ----------------------------------------------------------------
+    def _permutation(self, x: Tensor, k: int | None) -> Tensor:
+        """Rows of P for validated float32 / float64 scores ``x`` ``(B, n)``: ``(B, n or k, n)``."""
+        raise NotImplementedError(f"{type(self).__name__} declares 'permutation' but has no _permutation")
+
+    def _topk_membership(self, x: Tensor, ks: list[int]) -> Tensor:
+        """Default: cumulative sums of the top ``max(ks)`` rows of P (Petersen et al. 2022, Eq. 2, inner
+        sum Σ_{r<=k} P_{r,j}). Returns ``(B, len(ks), n)``."""
+        csum = self._permutation(x, max(ks)).cumsum(dim=1)
+        return csum.index_select(1, torch.as_tensor([k - 1 for k in ks], device=x.device))
+
+    def _soft_sort(self, x: Tensor) -> Tensor:
+        """Default: ``P @ s``, ``(B, n)``."""
+        return (self._permutation(x, None) @ x.unsqueeze(-1)).squeeze(-1)
+
+    def _soft_rank(self, x: Tensor) -> Tensor:
+        """Default: ``Σ_r r · P[r, j]``, ``(B, n)``."""
+        p = self._permutation(x, None)
+        r = torch.arange(1, x.shape[1] + 1, dtype=p.dtype, device=p.device)
         return (r.view(1, -1, 1) * p).sum(dim=1)
 
+    # -- validation -------------------------------------------------------------------------------------
+    def _check_call(self, capability: str, method: str, scores: Tensor) -> int:
+        """The capability and the data-free checks of the scores (no host synchronisation); returns n."""
+        require(self, capability, f"{type(self).__name__}.{method}")
+        return check_scores_shape(scores)
+
     @staticmethod
-    def _check_ks(ks: Sequence[int], n: int) -> list[int]:
+    def _compute_input(scores: Tensor, checks: Sequence[Check] = ()) -> Tensor:
+        """Read every data-dependent check (finite scores, and ``checks``) in one host synchronisation,
+        then the scores in their compute dtype (float16 / bfloat16 → float32)."""
+        raise_failed([finite_check(scores), *checks])
+        return scores.to(compute_dtype(scores.dtype))
+
+    def _check_ks(self, ks: Sequence[int], n: int, scores: Tensor) -> tuple[list[int], list[Check]]:
+        """Validate ``ks`` (host-side: integers in [1, n]); returns them and no data-dependent checks.
+
+        A subclass that accepts other ks (LapSum: real k, tensors) overrides this and returns the checks
+        it cannot do without reading tensor data, so that they share the single synchronisation.
+        """
         ks = [ks] if isinstance(ks, int) else list(ks)
         if not ks:
             raise ValueError("ks must be a non-empty sequence of integers")
-        return [check_k(k, n) for k in ks]
+        return [check_k(k, n) for k in ks], []
 
     def extra_repr(self) -> str:
         """The constructor arguments that ``repr`` shows (β and the paper's own parameters)."""

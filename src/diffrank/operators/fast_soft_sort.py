@@ -1,7 +1,7 @@
 """Fast differentiable sorting and ranking (Blondel, Teboul, Berthet, Djolonga, ICML 2020).
 
 Soft rank and soft sort are regularised projections onto the permutahedron P(w) = conv{w_σ}
-(specs/soft_topk_ot.md §7; paper §3-§5):
+(paper §3-§5):
 
 - ``l2`` (Q): P_Q(z, w) = argmin_{μ ∈ P(w)} ½‖μ - z‖²;
 - ``kl`` (E): P_E(z, w) = log argmin_{μ ∈ P(e^w)} KL(μ, e^z).
@@ -26,14 +26,12 @@ copied to the host and back).
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import numba
 import numpy as np
 import torch
 from torch import Tensor
 
-from diffrank.operators.base import SOFT_RANK, SOFT_SORT, RankingOperator, check_scores
+from diffrank.operators.base import SOFT_RANK, SOFT_SORT, RankingOperator
 
 REGULARIZATIONS = ("l2", "kl")
 
@@ -186,13 +184,6 @@ class _SoftSort(torch.autograd.Function):
         return torch.empty_like(gs).scatter_(-1, order, gs), None, None
 
 
-def _prepare(scores: Tensor, regularization: str) -> Tensor:
-    check_scores(scores)
-    if regularization not in REGULARIZATIONS:
-        raise ValueError(f"regularization must be one of {REGULARIZATIONS}, got {regularization!r}")
-    return scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
-
-
 def soft_rank(scores: Tensor, regularization: str = "l2", regularization_strength: float = 1.0) -> Tensor:
     """Blondel et al. (2020) soft rank, rank 1 = largest (= ``torchsort.soft_rank(-scores)``).
 
@@ -205,12 +196,10 @@ def soft_rank(scores: Tensor, regularization: str = "l2", regularization_strengt
         ``(B, n)`` soft ranks in [1, n], dtype of ``scores``.
 
     Raises:
-        TypeError / ValueError: bad scores (see :func:`check_scores`), unknown regularization, ε <= 0.
+        TypeError / ValueError: bad scores (see :func:`~diffrank.operators.base.check_scores`), unknown
+            regularization, ε <= 0.
     """
-    s = _prepare(scores, regularization)
-    if not regularization_strength > 0:
-        raise ValueError(f"regularization_strength must be > 0, got {regularization_strength}")
-    return _SoftRank.apply(s, float(regularization_strength), regularization).to(scores.dtype)
+    return FastSoftSort.with_strength(regularization_strength, regularization).soft_rank(scores)
 
 
 def soft_sort(scores: Tensor, regularization: str = "l2", regularization_strength: float = 1.0) -> Tensor:
@@ -227,10 +216,7 @@ def soft_sort(scores: Tensor, regularization: str = "l2", regularization_strengt
     Raises:
         TypeError / ValueError: bad scores, unknown regularization, ε <= 0.
     """
-    s = _prepare(scores, regularization)
-    if not regularization_strength > 0:
-        raise ValueError(f"regularization_strength must be > 0, got {regularization_strength}")
-    return _SoftSort.apply(s, float(regularization_strength), regularization).to(scores.dtype)
+    return FastSoftSort.with_strength(regularization_strength, regularization).soft_sort(scores)
 
 
 class FastSoftSort(RankingOperator):
@@ -247,35 +233,37 @@ class FastSoftSort(RankingOperator):
         ValueError: beta <= 0, unknown regularization; ``forward`` / ``topk_membership`` always.
     """
 
-    capabilities: ClassVar[frozenset[str]] = frozenset({SOFT_SORT, SOFT_RANK})
-    permutation_equivariant: ClassVar[bool] = True
-    hard_beta: ClassVar[float] = 100.0
+    capabilities = frozenset({SOFT_SORT, SOFT_RANK})
+    permutation_equivariant = True
+    hard_beta = 100.0
 
     def __init__(self, beta: float = 1.0, regularization: str = "l2") -> None:
         super().__init__(beta)
         if regularization not in REGULARIZATIONS:
             raise ValueError(f"regularization must be one of {REGULARIZATIONS}, got {regularization!r}")
         self.regularization = regularization
+        self.regularization_strength = 1.0 / self.beta
 
-    @property
-    def regularization_strength(self) -> float:
-        """ε = 1/β."""
-        return 1.0 / self.beta
+    @classmethod
+    def with_strength(cls, regularization_strength: float, regularization: str = "l2") -> FastSoftSort:
+        """The operator for a given ε (torchsort's ``regularization_strength``) instead of β = 1/ε.
 
-    def topk_membership(self, scores: Tensor, ks) -> Tensor:
-        """Not provided: raises the contract's ``ValueError`` (see :func:`require`)."""
-        from diffrank.operators.base import TOPK_MEMBERSHIP, require
+        Raises:
+            ValueError: ε <= 0 or an unknown regularization.
+        """
+        if not regularization_strength > 0:
+            raise ValueError(f"regularization_strength must be > 0, got {regularization_strength}")
+        op = cls(1.0 / regularization_strength, regularization)
+        op.regularization_strength = float(regularization_strength)  # exact, not 1 / (1 / ε)
+        return op
 
-        require(self, TOPK_MEMBERSHIP, f"{type(self).__name__}.topk_membership")
-        raise AssertionError  # unreachable
-
-    def soft_rank(self, scores: Tensor) -> Tensor:
+    def _soft_rank(self, scores: Tensor) -> Tensor:
         """Soft ranks, 1 = largest (paper §5 "soft ranking"); see :func:`soft_rank`."""
-        return soft_rank(scores, self.regularization, self.regularization_strength)
+        return _SoftRank.apply(scores, self.regularization_strength, self.regularization)
 
-    def soft_sort(self, scores: Tensor) -> Tensor:
+    def _soft_sort(self, scores: Tensor) -> Tensor:
         """Soft sort, descending (paper §5 "soft sorting"); see :func:`soft_sort`."""
-        return soft_sort(scores, self.regularization, self.regularization_strength)
+        return _SoftSort.apply(scores, self.regularization_strength, self.regularization)
 
     def extra_repr(self) -> str:
         """The constructor arguments that ``repr`` shows (β and the paper's own parameters)."""

@@ -1,7 +1,7 @@
 """LapSum (Struski, Bednarczyk, Podolak, Tabor, ICML 2025): soft top-k, rank, sort and permutation.
 
 Every operator is built from one scalar function, the sum of Laplace CDFs centred on the scores
-(specs/lapsum.md §1; paper §3.1):
+(paper §3.1):
 
     Lap_s(x) = Σ_j F_α(x - s_j),  F_α(x) = F(x / α),  F(x) = ½eˣ (x <= 0), 1 - ½e⁻ˣ (x > 0).
 
@@ -11,7 +11,7 @@ contract: **α = -1/β, τ = |α| = 1/β** (the paper's best α = -1.5 for CIFAR
 increasing and the knots u_i = -β s_(i) are ascending (scores sorted descending).
 
 - Soft top-k (§3.3, Thm 3.3): p_i = F_α(b - s_i) with b = Lap_s⁻¹(k); Σ_i p_i = k exactly for any
-  real k ∈ (0, n].
+  real k ∈ (0, n]: ``topk_membership`` takes real k (floats, or tensors that may require grad).
 - Soft rank (§3.2, Thm 3.2): R_i = Lap_s(s_i) + ½ = 1 + Σ_{j≠i} F(β(s_j - s_i)); rank 1 = largest.
 - Soft sort (§3.2): sort_i = Lap_s⁻¹(i - ½), descending.
 - Soft permutation (§3.4, Def. 3.5): P[j, i] = F_α(b_j - s_i) - F_α(b_{j-1} - s_i), b_j = Lap_s⁻¹(j);
@@ -21,28 +21,24 @@ Lap_s⁻¹ is evaluated in closed form (§4.1, eq. (4); the official tutorial no
 one sort, knot values from ``logcumsumexp`` (every exponent <= 0, so nothing overflows), a
 ``searchsorted`` per target, then the root of a quadratic in e^u. Forward O(n log n).
 
-Backward passes are closed-form VJPs in custom ``torch.autograd.Function``s (App. C.2; spec §2.1-2.4),
+Backward passes are closed-form VJPs in custom ``torch.autograd.Function``s (App. C.2),
 never autodiff through the forward: top-k O(M n), rank O(n log n) (prefix sums of e^{±u}·v in log space
 instead of the official O(n²) loop), inverse / sort O(n log n) (sweep over merged sorted thresholds and
-knots). Half-precision inputs are computed in float32 and cast back.
+knots). Half-precision inputs are computed in float32 and cast back (by :class:`RankingOperator`).
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
-from typing import ClassVar
 
 import torch
 from torch import Tensor
 
-from diffrank.operators.base import RankingOperator, check_beta, check_scores
+from diffrank.operators.base import Check, RankingOperator
 
 _DENSE_MAX_TARGETS = 32  # below this many thresholds per row, the (B, M, n) dense VJP is cheaper than the sweep
-
-
-def _compute_dtype(x: Tensor) -> torch.dtype:
-    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
 
 
 def _laplace_cdf(x: Tensor) -> Tensor:
@@ -64,7 +60,7 @@ def _exclusive_revlse(u: Tensor) -> Tensor:
 
 
 def _thresholds(u: Tensor, w: Tensor) -> Tensor:
-    """Closed-form Lap⁻¹ in u-space (specs/lapsum.md §1.2-1.3; paper §4.1).
+    """Closed-form Lap⁻¹ in u-space (paper §4.1, eq. (4)).
 
     Args:
         u: ``(B, n)`` knots u_i = -β s_(i), ascending.
@@ -100,7 +96,7 @@ def _thresholds(u: Tensor, w: Tensor) -> Tensor:
 
 
 def _inverse_vjp(t: Tensor, u: Tensor, v: Tensor) -> Tensor:
-    """Σ_i v_i ∂t_i/∂u_l with ∂t_i/∂u_l = softmax_l(-|t_i - u_l|) (specs/lapsum.md §2.4).
+    """Σ_i v_i ∂t_i/∂u_l with ∂t_i/∂u_l = softmax_l(-|t_i - u_l|) (paper App. C.2).
 
     Args:
         t: ``(B, M)`` finite thresholds; u: ``(B, n)`` ascending knots; v: ``(B, M)`` upstream.
@@ -191,7 +187,7 @@ class _LapSumInverse(torch.autograd.Function):
 
 
 class _LapSumRank(torch.autograd.Function):
-    """R_i = 1 + Σ_{j≠i} F(β(s_j - s_i)) in O(n log n); VJP in O(n log n) (specs/lapsum.md §2.3)."""
+    """R_i = 1 + Σ_{j≠i} F(β(s_j - s_i)) in O(n log n); VJP in O(n log n) (paper Thm 3.2, App. C.2)."""
 
     @staticmethod
     def forward(ctx, scores: Tensor, beta: float) -> Tensor:
@@ -220,38 +216,16 @@ class _LapSumRank(torch.autograd.Function):
         return _unsort(0.5 * ctx.beta * acc, order), None
 
 
-def _real_k(k: float | Tensor, B: int, n: int, like: Tensor) -> tuple[Tensor, bool]:
-    squeeze = True
-    if isinstance(k, Tensor):
-        if k.is_complex() or not (k.is_floating_point() or k.dtype in (torch.int32, torch.int64)):
-            raise TypeError(f"k must be a real tensor, got dtype {k.dtype}")
-        kt = k.to(like.dtype)
-        if kt.dim() == 0:
-            kt = kt.expand(B, 1)
-        elif kt.dim() == 1 and kt.shape[0] == B:
-            kt = kt.unsqueeze(-1)
-        elif kt.dim() == 2 and kt.shape[0] == B:
-            squeeze = False
-        else:
-            raise ValueError(f"k must be a scalar, (B,) = ({B},) or (B, M) tensor, got shape {tuple(k.shape)}")
-    elif isinstance(k, (int, float)) and not isinstance(k, bool):
-        kt = torch.full((B, 1), float(k), dtype=like.dtype, device=like.device)
-    else:
-        raise TypeError(f"k must be a float or a tensor, got {k!r}")
-    if not bool(torch.isfinite(kt).all()) or bool((kt <= 0).any()) or bool((kt > n).any()):
-        raise ValueError(f"k must lie in (0, n] = (0, {n}], got {k}")
-    return kt, squeeze
-
-
 def lapsum_topk(scores: Tensor, k: float | Tensor, beta: float, largest: bool = True) -> Tensor:
     """LapSum soft top-k membership with real-valued k (Struski et al. 2025, Thm 3.3, eq. (3)).
 
-    p_i = F_α(Lap_s⁻¹(k) - s_i), α = -1/β (largest) or +1/β (smallest); Σ_i p_i = k exactly.
+    p_i = F_α(Lap_s⁻¹(k) - s_i), α = -1/β (largest) or +1/β (smallest); Σ_i p_i = k exactly. A functional
+    form of :meth:`LapSum.topk_membership` with one k per row.
 
     Args:
         scores: ``(B, n)`` floating, finite.
-        k: a float, or a tensor of shape ``()``, ``(B,)`` or ``(B, M)``; every value in (0, n]. A tensor
-            k that requires grad receives ∂L/∂k = ⟨v, π⟩ (π = softmax(-|x|), App. C.2).
+        k: a real number, or a tensor of shape ``()``, ``(B,)`` (one k per row) or ``(B, M)``; every value
+            in (0, n]. A tensor k that requires grad receives ∂L/∂k = ⟨v, π⟩ (π = softmax(-|x|), App. C.2).
         beta: inverse temperature β = 1/|α| > 0.
         largest: True selects the largest scores (α < 0); False the smallest (p(s, k, +α) = p(-s, k, -α)).
 
@@ -259,16 +233,14 @@ def lapsum_topk(scores: Tensor, k: float | Tensor, beta: float, largest: bool = 
         ``(B, n)`` for a scalar or ``(B,)`` k, ``(B, M, n)`` for a ``(B, M)`` k; dtype of ``scores``.
 
     Raises:
-        TypeError / ValueError: bad scores (see :func:`check_scores`), beta <= 0, k outside (0, n].
+        TypeError / ValueError: bad scores, beta <= 0, k outside (0, n] or of another shape.
     """
-    check_scores(scores)
-    beta = check_beta(beta)
-    B, n = scores.shape
-    s = scores.to(_compute_dtype(scores))
-    kt, squeeze = _real_k(k, B, n, s)
-    p = _LapSumTopK.apply(s if largest else -s, kt, beta)
-    p = p.to(scores.dtype)
-    return p.squeeze(-2) if squeeze else p
+    op = LapSum(beta)
+    matrix = isinstance(k, Tensor) and k.dim() == 2
+    if isinstance(k, Tensor) and k.dim() == 1:
+        k = k.unsqueeze(-1)  # (B,) -> (B, 1): one k per row
+    p = op.topk_membership(scores if largest else -scores, k)
+    return p if matrix else p.squeeze(-2)
 
 
 class LapSum(RankingOperator):
@@ -278,88 +250,81 @@ class LapSum(RankingOperator):
         beta: inverse temperature β = 1/|α| > 0 (paper grid α ∈ {-1.5, -1, -0.5, -0.2, -0.1}).
 
     Shapes: ``forward(scores (B, n), k)`` → ``(B, k or n, n)`` doubly stochastic (rows = ranks,
-    rank 1 = largest); ``topk_membership(scores, ks)`` → ``(B, len(ks), n)`` with row sums exactly k;
-    ``soft_rank`` / ``soft_sort`` → ``(B, n)``. Real k: :func:`lapsum_topk`.
+    rank 1 = largest); ``topk_membership(scores, ks)`` → ``(B, M, n)`` with row sums exactly k, for real
+    ks (see :meth:`_check_ks`); ``soft_rank`` / ``soft_sort`` → ``(B, n)``.
 
     Raises:
         ValueError: for a non-positive beta; see :class:`RankingOperator` for input errors.
     """
 
-    doubly_stochastic: ClassVar[bool] = True
-    permutation_equivariant: ClassVar[bool] = True
-    hard_beta: ClassVar[float] = 100.0
+    doubly_stochastic = True
+    permutation_equivariant = True
+    hard_beta = 100.0
 
-    def relaxed_permutation(self, scores: Tensor, k: int | None) -> Tensor:
+    def _permutation(self, s: Tensor, k: int | None) -> Tensor:
         """Rows of P[j, i] = F(x_j,i) - F(x_{j-1},i), x_j,i = β(s_i - b_j), b_j = Lap⁻¹(j) (Def. 3.5)."""
-        B, n = scores.shape
+        B, n = s.shape
         r = n if k is None else k
-        s = scores.to(_compute_dtype(scores))
         m = min(r, n - 1)  # b_n = -inf: F(x_n) ≡ 1
-        w = torch.arange(1, m + 1, dtype=s.dtype, device=s.device).expand(B, m)
-        cdf = s.new_zeros(B, 0, n) if m == 0 else None
-        if m > 0:
-            b = _LapSumInverse.apply(s, w, self.beta)
-            x = self.beta * (s.unsqueeze(-2) - b.unsqueeze(-1))  # (B, m, n), increasing in j
-            cdf = _laplace_cdf(x)
         zero = s.new_zeros(B, 1, n)
-        parts = [zero, cdf] + ([s.new_ones(B, 1, n)] if r == n else [])
-        cdf = torch.cat(parts, dim=-2)  # (B, r + 1, n): F at b_0 ≡ 0, ..., b_r
-        lo, hi = cdf[:, :-1], cdf[:, 1:]
-        if m > 0:
-            # stable interval masses (official diffCDF): both arguments on one side of 0 use expm1
-            x_all = torch.cat([torch.full_like(zero, -math.inf), x] +
-                              ([torch.full_like(zero, math.inf)] if r == n else []), dim=-2)
-            x_lo, x_hi = x_all[:, :-1], x_all[:, 1:]
-            both_neg = x_hi <= 0
-            both_pos = x_lo >= 0
-            d = (x_lo - x_hi).clamp_max(0)
-            d = torch.where(torch.isfinite(d), d, torch.full_like(d, -math.inf))
-            neg = -0.5 * torch.exp(x_hi.clamp_max(0)) * torch.expm1(d)
-            pos = -0.5 * torch.exp(-x_lo.clamp_min(0)) * torch.expm1(d)
-            mass = torch.where(both_neg, neg, torch.where(both_pos, pos, hi - lo))
-        else:
-            mass = hi - lo
-        return mass.to(scores.dtype)
+        if m == 0:
+            return (s.new_ones(B, 1, n) if r == n else zero)[:, :r]
+        w = torch.arange(1, m + 1, dtype=s.dtype, device=s.device).expand(B, m)
+        b = _LapSumInverse.apply(s, w, self.beta)
+        x = self.beta * (s.unsqueeze(-2) - b.unsqueeze(-1))  # (B, m, n), increasing in j
+        full = r == n
+        cdf = torch.cat([zero, _laplace_cdf(x)] + ([s.new_ones(B, 1, n)] if full else []), dim=-2)
+        lo, hi = cdf[:, :-1], cdf[:, 1:]  # F at b_0 ≡ 0, ..., b_r
+        # stable interval masses (official diffCDF): both arguments on one side of 0 use expm1
+        x_all = torch.cat([torch.full_like(zero, -math.inf), x] + ([torch.full_like(zero, math.inf)] if full else []),
+                          dim=-2)
+        x_lo, x_hi = x_all[:, :-1], x_all[:, 1:]
+        d = (x_lo - x_hi).clamp_max(0)
+        d = torch.where(torch.isfinite(d), d, torch.full_like(d, -math.inf))
+        neg = -0.5 * torch.exp(x_hi.clamp_max(0)) * torch.expm1(d)
+        pos = -0.5 * torch.exp(-x_lo.clamp_min(0)) * torch.expm1(d)
+        return torch.where(x_hi <= 0, neg, torch.where(x_lo >= 0, pos, hi - lo))
 
-    def topk_membership(self, scores: Tensor, ks: Sequence[int]) -> Tensor:
-        """Soft top-k memberships p = F_α(Lap⁻¹(k) - s) for each k (Thm 3.3); rows sum to k exactly.
+    def _check_ks(self, ks: float | Sequence[float] | Tensor, n: int,
+                  scores: Tensor) -> tuple[list[float] | Tensor, list[Check]]:
+        """Real-valued k (paper §3.3): a real number, a sequence of them, or a tensor of shape ``()``,
+        ``(M,)`` or ``(B, M)`` (per-row ks; may require grad); every value in (0, n].
 
-        Args:
-            scores: ``(B, n)`` floating.
-            ks: non-empty sequence of ints in [1, n].
-
-        Returns:
-            ``(B, len(ks), n)``, dtype of ``scores``.
+        Raises:
+            TypeError: a k that is not real.
+            ValueError: an empty ks, a tensor of another shape, or (with the scores' finiteness, one host
+                synchronisation) a k outside (0, n].
         """
-        check_scores(scores)
-        ks = self._check_ks(ks, scores.shape[1])
-        s = scores.to(_compute_dtype(scores))
-        kt = torch.tensor(ks, dtype=s.dtype, device=s.device).expand(s.shape[0], len(ks))
-        return _LapSumTopK.apply(s, kt, self.beta).to(scores.dtype)
+        out_of_range = ValueError(f"k must satisfy 0 < k <= n = {n}")
+        if isinstance(ks, Tensor):
+            if ks.dtype == torch.bool or ks.is_complex():
+                raise TypeError(f"k must be a real tensor, got dtype {ks.dtype}")
+            if ks.dim() > 2 or ks.dim() == 2 and ks.shape[0] != scores.shape[0] or ks.numel() == 0:
+                raise ValueError(f"k must be a tensor of shape (), (M,) or (B, M) = ({scores.shape[0]}, M), "
+                                 f"got shape {tuple(ks.shape)}")
+            ks = ks.to(scores.device).reshape(-1) if ks.dim() == 0 else ks.to(scores.device)
+            return ks, [((torch.isfinite(ks) & (ks > 0) & (ks <= n)).all(), out_of_range)]
+        ks = [ks] if isinstance(ks, numbers.Number) else list(ks)
+        if not ks:
+            raise ValueError("ks must be a non-empty sequence of real numbers")
+        for k in ks:
+            if isinstance(k, bool) or not isinstance(k, numbers.Real):
+                raise TypeError(f"k must be a real number, got {k!r}")
+            if not 0 < k <= n:  # NaN fails too
+                raise ValueError(f"k must satisfy 0 < k <= n = {n}, got k = {k}")
+        return [float(k) for k in ks], []
 
-    def soft_rank(self, scores: Tensor) -> Tensor:
-        """Soft ranks R_i = 1 + Σ_{j≠i} F(β(s_j - s_i)) (Thm 3.2; rank 1 = largest, Σ R = n(n+1)/2).
+    def _topk_membership(self, s: Tensor, ks: list[float] | Tensor) -> Tensor:
+        """Soft top-k memberships p = F_α(Lap⁻¹(k) - s) for each k (Thm 3.3); rows sum to k exactly."""
+        kt = ks.to(s.dtype) if isinstance(ks, Tensor) else torch.tensor(ks, dtype=s.dtype, device=s.device)
+        return _LapSumTopK.apply(s, kt.expand(s.shape[0], kt.shape[-1]), self.beta)
 
-        Args:
-            scores: ``(B, n)`` floating.
+    def _soft_rank(self, s: Tensor) -> Tensor:
+        """Soft ranks R_i = 1 + Σ_{j≠i} F(β(s_j - s_i)) (Thm 3.2; rank 1 = largest, Σ R = n(n+1)/2)."""
+        return _LapSumRank.apply(s, self.beta)
 
-        Returns:
-            ``(B, n)`` in [1, n], dtype of ``scores``.
-        """
-        check_scores(scores)
-        return _LapSumRank.apply(scores.to(_compute_dtype(scores)), self.beta).to(scores.dtype)
-
-    def soft_sort(self, scores: Tensor) -> Tensor:
-        """Soft sort, descending: sort_i = Lap_s⁻¹(i - ½) (§3.2 "soft orderings"); not sum-preserving.
-
-        Args:
-            scores: ``(B, n)`` floating.
-
-        Returns:
-            ``(B, n)`` descending, dtype of ``scores``.
-        """
-        check_scores(scores)
-        s = scores.to(_compute_dtype(scores))
+    def _soft_sort(self, s: Tensor) -> Tensor:
+        """Soft sort, descending: sort_i = Lap_s⁻¹(i - ½) (§3.2 "soft orderings"); not sum-preserving."""
         B, n = s.shape
         w = (torch.arange(n, dtype=s.dtype, device=s.device) + 0.5).expand(B, n)
-        return _LapSumInverse.apply(s, w, self.beta).to(scores.dtype)
+        return _LapSumInverse.apply(s, w, self.beta)

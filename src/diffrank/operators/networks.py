@@ -14,14 +14,15 @@ on its integer arguments, and every network is built in well under a second for 
 
 - :func:`odd_even` — odd-even transposition sort (Knuth TAOCP vol. 3, §5.3.4 ex. 37; diffsort's
   ``odd_even_network``): n layers of adjacent comparators, diffsort's network read from the top, so
-  our relaxed P equals theirs after the orientation map (spec §0 item 1). Odd-even
+  our relaxed P equals theirs after the orientation map (docs/conventions.md). Odd-even
   layers repeat with period 2, so the n layers share two layer objects: memory O(n), not O(n²).
-- :func:`bitonic` — Batcher's bitonic sorter on P2 = 2^⌈log2 n⌉ wires (spec §2.5), mirrored so that it
+- :func:`bitonic` — Batcher's bitonic sorter on P2 = 2^⌈log2 n⌉ wires (thesis §3.2.2), mirrored so that it
   sorts in descending order. For n < P2 the wires n … P2-1 carry -∞ sentinels and are resolved at
   construction time (see :func:`bitonic`): this is a correct sorting network for every n, unlike the
-  reference construction, which fails for 708 of the sizes n ≤ 1024 (spec §0 item 4).
+  reference construction, which fails for 708 of the sizes n ≤ 1024 (docs/conventions.md, "Bitonic
+  networks for every n (−∞ sentinels)").
 - :func:`splitter_selection` — the splitter selection network of Petersen et al. 2022, Appendix B
-  (spec §2.7): the k largest values end, sorted, on wires 0 … k-1. With k = n it sorts.
+  (as constructed in the difftopk code): the k largest values end, sorted, on wires 0 … k-1; k = n sorts.
 
 :func:`hard_evaluate` runs a network with exact min / max (for tests and for the hard limit).
 """
@@ -155,7 +156,7 @@ def odd_even(n: int) -> Network:
     Layer t (0-based, t < n) has comparators (i, i+1) for i ≡ t mod 2 with the max → i+1, and
     ``out_perm = (n-1, …, 0)``. This is exactly diffsort's ``odd_even_network(n)`` (ascending, item j on
     wire j) with its outputs read in descending order, so our relaxed P equals diffsort's after the
-    orientation map of spec §0 item 1 (mirroring the comparators instead would also mirror the items and
+    orientation map of docs/conventions.md (mirroring the comparators instead would also mirror the items and
     give a different relaxed P). n layers sort any input (transposition sort).
 
     Args:
@@ -180,7 +181,7 @@ def odd_even(n: int) -> Network:
 def _bitonic_pow2(p2: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Batcher's bitonic sorter on p2 = 2^N wires in our descending frame: list of (hi, lo) per layer.
 
-    Built as the ascending network of diffsort / the spec §2.5 (block b, layer l, distance d = 2^{b-l},
+    Built as diffsort's ascending network (block b, layer l, distance d = 2^{b-l},
     comparator (a, a+d) for every a with bit d clear, ascending iff ⌊a / 2^{b+1}⌋ is even) and mirrored
     w ↔ p2-1-w: an ascending pair (min → a, max → a+d) becomes hi = p2-1-a-d, lo = p2-1-a.
     """
@@ -217,7 +218,7 @@ def bitonic(n: int) -> Network:
     result equals the relaxed padded network, since f(β·(x - (-∞))) = f(+∞) = 1 is an exact identity or
     swap for every sigmoid. P stays doubly stochastic (fixed swaps only relabel tracks). For n a power of
     two nothing is padded and the network is diffsort's ``bitonic_network(n)`` mirrored (parity-tested).
-    This deliberately differs from the reference for other n, which does not sort (spec §0 item 4).
+    This deliberately differs from the reference for other n, which does not sort (docs/conventions.md).
 
     Args:
         n: number of items, >= 1.
@@ -250,7 +251,7 @@ def bitonic(n: int) -> Network:
 
 
 def _cascade(M: int) -> list[np.ndarray]:
-    """Splitter cascade on list positions 0 … M-1 (spec §2.7 step 1): per layer, the positions j of
+    """Splitter cascade on list positions 0 … M-1 (difftopk's construction, first step): per layer, the positions j of
     comparators (j, j + d), max → j, d = 2^{D-1-i}, j < M - d with bit d of j clear."""
     D = math.ceil(math.log2(M))
     pos = np.arange(M, dtype=np.int64)
@@ -263,7 +264,7 @@ def _cascade(M: int) -> list[np.ndarray]:
 
 @functools.lru_cache(maxsize=256)
 def splitter_selection(n: int, k: int) -> Network:
-    """Splitter selection network (Petersen et al. 2022, Appendix B; spec §2.7): top k sorted on wires 0…k-1.
+    """Splitter selection network (Petersen et al. 2022, Appendix B): top k sorted on wires 0…k-1.
 
     Ranks are "minimum ranks": a lane at position j of a splitter cascade over lanes ℓ₀ < … < ℓ_{M-1}
     has at least 2^{popcount(j)} - 1 lanes of that cascade holding values ≥ its own. Lanes start at
@@ -272,7 +273,7 @@ def splitter_selection(n: int, k: int) -> Network:
     lanes share layers; a lane whose minimum rank reaches k is discarded. It stops when a pass changes
     nothing; then rank r (< k) is held by lane r alone. This is the reference construction in our frame
     (the reference mirrors it at the end for its ascending convention); its layer / comparator counts
-    match the spec's table (e.g. n = 8, k = 2: 5 layers, 14 comparators; n = 1000, k = 5: 22 / 5085).
+    match the reference code's (e.g. n = 8, k = 2: 5 layers, 14 comparators; n = 1000, k = 5: 22 / 5085).
     With k = n the network sorts. Empty trailing work is never generated.
 
     Args:

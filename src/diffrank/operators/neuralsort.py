@@ -11,8 +11,6 @@ are ever formed, so time and memory are O(B · r · n).
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 from torch import Tensor
 
@@ -53,11 +51,10 @@ class NeuralSort(RankingOperator):
         ValueError: for beta <= 0; see :class:`RankingOperator` for input errors.
     """
 
-    doubly_stochastic: ClassVar[bool] = False
-    permutation_equivariant: ClassVar[bool] = True
-    hard_beta: ClassVar[float] = 200.0
+    permutation_equivariant = True
+    hard_beta = 200.0
 
-    def relaxed_permutation(self, scores: Tensor, k: int | None) -> Tensor:
+    def _permutation(self, scores: Tensor, k: int | None) -> Tensor:
         """Top ``k`` (or all n) rows of P̂ (Grover et al. 2019, Eq. 5). Shapes as in the class docstring."""
         n = scores.shape[-1]
         r = n if k is None else k

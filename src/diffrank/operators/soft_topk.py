@@ -9,16 +9,14 @@ plan depends on x only through 2x/ε up to a shift). ε = 1/β.
   dual variable (:func:`_two_anchor_newton`), solved by safeguarded Newton steps: the same plan as
   Sinkhorn's fixed point, in tens of iterations instead of thousands on near-hard plans (an
   implementation choice, not in the paper; ``solver="sinkhorn"`` runs the paper's algorithm below).
-- Forward (``solver="sinkhorn"``, and the sorted variant): log-domain Sinkhorn (paper §3, Alg. 1 in log
-  form; spec §1.4) on the potentials (f, g), the
-  anchor-side update last, so Σ_i A_i = k exactly after every iteration. It stops when the item
-  marginals satisfy max_i |n Σ_j Γ_ij - 1| < ``tolerance`` (checked every ``check_every`` iterations) or
-  after ``max_iter`` iterations. The official code has no tolerance and runs exactly 200 iterations
-  (``tolerance: null, max_iter: 200, epsilon_start: null`` reproduces it). By default ε is reached by
-  ε-scaling from ``epsilon_start`` × (the largest entry of the row-shifted cost) (×``anneal`` per iteration,
-  potentials warm-started): near-hard plans otherwise need thousands of iterations (at β = 100, 10 000
-  plain iterations leave an error of 2e-4; ε-scaling converges to 1e-6 in ~45; scores 10 apart at
-  β = 10: 2 000 plain iterations leave 0.75, ε-scaling converges in 90). The plan is computed in float64
+- Forward (``solver="sinkhorn"``, and the sorted variant): the shared log-domain Sinkhorn (paper §3,
+  Alg. 1 in log form; :mod:`diffrank.operators.log_sinkhorn`, whose ε schedule and stopping rule apply),
+  the anchor-side update last, so Σ_i A_i = k exactly after every iteration. The official code has no
+  tolerance and runs exactly 200 iterations (``tolerance: null, max_iter: 200, epsilon_start: null``
+  reproduces it). By default ε is reached by ε-scaling from ``epsilon_start`` × the largest row-shifted
+  cost: near-hard plans otherwise need thousands of iterations (at β = 100, 10 000 plain iterations leave
+  an error of 2e-4; ε-scaling converges to 1e-6 in ~45; scores 10 apart at β = 10: 2 000 plain
+  iterations leave 0.75, ε-scaling converges in 90). The plan is computed in float64
   on row-shifted costs (C_ij - min_j C_ij, which leaves Γ unchanged): in float32 the exponents (f + g - C)/ε
   of raw logits reach 1e6 and Γ is noise. Stopping at ``max_iter`` above the tolerance warns.
 - Backward: implicit differentiation of the KKT conditions, the closed form of the paper's Alg. 4
@@ -26,7 +24,7 @@ plan depends on x only through 2x/ε up to a shift). ε = 1/β.
   Schur complement is written without cancellation, so numerically hard plans get their exact 0 gradient
   instead of a singular solve. It is the derivative of the
   converged plan, so it matches finite differences only as well as the forward has converged.
-- Cost normalisation (spec §1.4): the official code divides C by its batch-global max (detached), which
+- Cost normalisation (the official code, ``soft_topk.py``): it divides C by its batch-global max (detached), which
   makes a row's output depend on the other rows and the gradient ignore the max. ``"none"`` (default)
   keeps C in raw score units; ``"batch"`` reproduces the official code; ``"row"`` uses each row's max.
 
@@ -40,43 +38,15 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
-from typing import ClassVar
 
 import torch
 from torch import Tensor
 
-from diffrank.operators.base import TOPK_MEMBERSHIP, RankingOperator, check_beta, check_k, check_scores
+from diffrank.operators.base import TOPK_MEMBERSHIP, RankingOperator, check_beta, check_k, check_scores, compute_dtype
+from diffrank.operators.log_sinkhorn import SinkhornSchedule, log_sinkhorn
 
 COST_NORMALIZATIONS = ("none", "batch", "row")
 SOLVERS = ("newton", "sinkhorn")
-
-
-def _sinkhorn_log(C: Tensor, log_mu: Tensor, log_nu: Tensor, eps: float, max_iter: int,
-                  tolerance: float | None, check_every: int, epsilon_start: float | None = None,
-                  anneal: float = 0.9) -> tuple[Tensor, int]:
-    """Entropic OT plan Γ (R, n, m) by log-domain Sinkhorn; returns (Γ, iterations used).
-
-    With ``epsilon_start`` > ε, ε-scaling: ε_t = max(ε, epsilon_start · anneal^t), warm-starting the
-    potentials; the tolerance is checked only once ε is reached.
-    """
-    R, n, m = C.shape
-    f = C.new_zeros(R, n)
-    g = C.new_zeros(R, m)
-    it = 0
-    cur = eps if epsilon_start is None else max(eps, float(epsilon_start))
-    while it < max_iter:
-        f = cur * log_mu - cur * torch.logsumexp((g.unsqueeze(-2) - C) / cur, dim=-1)
-        g = cur * log_nu - cur * torch.logsumexp((f.unsqueeze(-1) - C) / cur, dim=-2)
-        it += 1
-        if cur > eps:
-            cur = max(eps, cur * anneal)
-            continue
-        if tolerance is not None and (it % check_every == 0 or it == max_iter):
-            row = torch.logsumexp((f.unsqueeze(-1) + g.unsqueeze(-2) - C) / eps, dim=-1)
-            if float((torch.exp(row - log_mu) - 1).abs().max()) < tolerance:
-                break
-    return torch.exp((f.unsqueeze(-1) + g.unsqueeze(-2) - C) / eps), it
 
 
 def _two_anchor_newton(C: Tensor, log_nu: Tensor, eps: float, max_iter: int) -> tuple[Tensor, int, float]:
@@ -121,7 +91,7 @@ def _two_anchor_newton(C: Tensor, log_nu: Tensor, eps: float, max_iter: int) -> 
     return torch.stack([torch.sigmoid(h), torch.sigmoid(-h)], dim=-1) / n, it, err
 
 
-def _implicit_vjp(gam: Tensor, mu: Tensor, nu: Tensor, eps: float, grad_gam: Tensor) -> Tensor:
+def _implicit_vjp(gam: Tensor, eps: float, grad_gam: Tensor) -> Tensor:
     """∂L/∂C from ∂L/∂Γ by implicit differentiation (Xie et al. 2020, Alg. 4 / App. H Thm 3), in float64.
 
     Rearranged from Alg. 4 so that nothing cancels (same derivative, other order of operations). With f
@@ -139,8 +109,8 @@ def _implicit_vjp(gam: Tensor, mu: Tensor, nu: Tensor, eps: float, grad_gam: Ten
     ∂L/∂C_i1 = -∂L/∂C_i0 = w_i (u_i0 - u_i1 - ū)/ε with w_i = Γ_i0 Γ_i1 / μ_i.
 
     Args:
-        gam: ``(R, n, m)`` converged plan; mu: ``(R, n)`` (unused: the plan's own row sums are used, equal
-            to μ at the fixed point); nu: ``(R, m)`` (likewise); grad_gam: ``(R, n, m)``.
+        gam: ``(R, n, m)`` converged plan (its own row and column sums stand for μ and ν, equal at the
+            fixed point); eps: ε; grad_gam: ``(R, n, m)``.
 
     Returns:
         ``(R, n, m)`` gradient with respect to the cost matrix, dtype of ``gam``.
@@ -170,11 +140,11 @@ def _implicit_vjp(gam: Tensor, mu: Tensor, nu: Tensor, eps: float, grad_gam: Ten
 
 
 class _SoftTopKOT(torch.autograd.Function):
-    """Γ of the entropic OT between x (masses μ) and anchors y (masses ν); forward Sinkhorn, backward Alg. 4."""
+    """Γ of the entropic OT between x (masses 1/n) and anchors y (masses ν); forward solve, backward Alg. 4."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, y: Tensor, log_nu: Tensor, eps: float, norm: Tensor, max_iter: int,
-                tolerance: float | None, check_every: int, info: dict, schedule: tuple) -> Tensor:
+    def forward(ctx, x: Tensor, y: Tensor, log_nu: Tensor, eps: float, norm: Tensor, schedule: SinkhornSchedule,
+                solver: str, info: dict) -> Tensor:
         """Autograd forward; shapes, dtypes, errors and the paper equation: the class docstring."""
         R, n = x.shape
         # float64 whatever the input: at small ε the exponents (f + g - C)/ε reach 1e4-1e6 and float32's
@@ -182,41 +152,29 @@ class _SoftTopKOT(torch.autograd.Function):
         # unchanged (absorbed by f) and makes the entries O(|x|) instead of O(x²).
         C = (x.double().unsqueeze(-1) - y.double().unsqueeze(-2)) ** 2 / norm.double()
         C = C - C.amin(-1, keepdim=True)
-        log_mu = C.new_full((R, n), -math.log(n))
-        eps_start, anneal, solver = schedule
         if solver == "newton" and C.shape[-1] == 2:
-            gam, it, err = _two_anchor_newton(C, log_nu.double(), eps, max_iter)
-            info["iterations"] = it
-            if tolerance is not None and not err < tolerance:
-                warnings.warn(f"SOFT top-k: the Newton solve stopped at max_iter={max_iter} with |Σ A - k| = "
-                              f"{err:.2e} > tolerance {tolerance:g}", RuntimeWarning, stacklevel=2)
-            ctx.eps = eps
-            ctx.save_for_backward(x, y, gam, log_nu, norm)
-            return gam.to(x.dtype)
-        if eps_start is not None:  # relative to the cost range, so the schedule does not depend on the units
-            eps_start = eps_start * max(float(C.amax()), eps)
-        gam, it = _sinkhorn_log(C, log_mu, log_nu.double(), eps, max_iter, tolerance, check_every, eps_start, anneal)
+            gam, it, err = _two_anchor_newton(C, log_nu.double(), eps, schedule.max_iter)
+            what = "the Newton solve stopped with |Σ A - k|"
+        else:
+            log_gam, it, err = log_sinkhorn(C, C.new_full((1, n), -math.log(n)), log_nu.double(), eps, schedule)
+            gam = log_gam.exp()
+            what = "Sinkhorn stopped with the item-marginal error"
         info["iterations"] = it
-        if tolerance is not None and it >= max_iter:
-            err = float((gam.sum(-1) * n - 1).abs().max())
-            if not err < tolerance:
-                warnings.warn(f"SOFT top-k: Sinkhorn stopped at max_iter={max_iter} with marginal error {err:.2e} > "
-                              f"tolerance {tolerance:g} (ε = {eps:g}); raise max_iter or lower beta",
-                              RuntimeWarning, stacklevel=2)
+        if schedule.tolerance is not None and not err < schedule.tolerance:
+            warnings.warn(f"SOFT top-k: {what} {err:.2e} > tolerance {schedule.tolerance:g} after {it} iterations "
+                          f"(ε = {eps:g}); raise max_iter or lower beta", RuntimeWarning, stacklevel=2)
         ctx.eps = eps
-        ctx.save_for_backward(x, y, gam, log_nu, norm)
+        ctx.save_for_backward(x, y, gam, norm)
         return gam.to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad_gam: Tensor):
         """Autograd backward (closed-form VJP); shapes as the forward's outputs."""
-        x, y, gam, log_nu, norm = ctx.saved_tensors
-        n = x.shape[-1]
-        mu = gam.new_full(x.shape, 1.0 / n)
-        grad_c = _implicit_vjp(gam, mu, log_nu.exp(), ctx.eps, grad_gam)  # float64
+        x, y, gam, norm = ctx.saved_tensors
+        grad_c = _implicit_vjp(gam, ctx.eps, grad_gam)  # float64
         # the row shift C - min_j C_ij does not change Γ, so it adds nothing to the derivative
         grad_x = (grad_c * 2 * (x.double().unsqueeze(-1) - y.double().unsqueeze(-2)) / norm.double()).sum(-1)
-        return grad_x.to(x.dtype), None, None, None, None, None, None, None, None, None
+        return grad_x.to(x.dtype), None, None, None, None, None, None, None
 
 
 def _cost_norm(x: Tensor, y: Tensor, mode: str) -> Tensor:
@@ -229,24 +187,11 @@ def _cost_norm(x: Tensor, y: Tensor, mode: str) -> Tensor:
         return c.amax(dim=(-1, -2), keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
 
 
-def _check_settings(epsilon: float, max_iter: int, tolerance: float | None, check_every: int,
-                    cost_normalization: str, epsilon_start: float | None = None, anneal: float = 0.9) -> None:
-    if epsilon_start is not None and not (math.isfinite(epsilon_start) and epsilon_start > 0):
-        raise ValueError(f"epsilon_start must be a finite positive number or None, got {epsilon_start}")
-    if not 0 < anneal < 1:
-        raise ValueError(f"anneal must be in (0, 1), got {anneal}")
-    if not (math.isfinite(epsilon) and epsilon > 0):
-        raise ValueError(f"epsilon must be a finite positive number, got {epsilon}")
-    if int(max_iter) < 1 or int(check_every) < 1:
-        raise ValueError(f"max_iter and check_every must be >= 1, got {max_iter}, {check_every}")
-    if tolerance is not None and not tolerance > 0:
-        raise ValueError(f"tolerance must be > 0 or None, got {tolerance}")
+def _check_options(cost_normalization: str, solver: str) -> None:
     if cost_normalization not in COST_NORMALIZATIONS:
         raise ValueError(f"cost_normalization must be one of {COST_NORMALIZATIONS}, got {cost_normalization!r}")
-
-
-def _as_compute(scores: Tensor) -> Tensor:
-    return scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+    if solver not in SOLVERS:
+        raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
 
 
 def soft_topk_sorted(scores: Tensor, k: int, beta: float, max_iter: int = 2000, tolerance: float | None = 1e-6,
@@ -275,12 +220,11 @@ def soft_topk_sorted(scores: Tensor, k: int, beta: float, max_iter: int = 2000, 
     B, n = scores.shape
     k = check_k(k, n)
     eps = 1.0 / check_beta(beta)
-    _check_settings(eps, max_iter, tolerance, check_every, cost_normalization, epsilon_start, anneal)
-    if solver not in SOLVERS:
-        raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+    schedule = SinkhornSchedule(max_iter, tolerance, check_every, epsilon_start, anneal)
+    _check_options(cost_normalization, solver)
     # largest first through reversed anchors (k, k-1, ..., 0) on the scores themselves, as in the paper's
     # appendix listing; with cost normalisation this differs from anchors 0..k on -scores (other max C)
-    x = _as_compute(scores)
+    x = scores.to(compute_dtype(scores.dtype))
     m = k + 1 if k < n else n
     y = torch.arange(m - 1, -1, -1, dtype=x.dtype, device=x.device)
     nu = torch.full((m,), 1.0 / n, dtype=x.dtype, device=x.device)
@@ -288,8 +232,7 @@ def soft_topk_sorted(scores: Tensor, k: int, beta: float, max_iter: int = 2000, 
         nu[-1] = (n - k) / n
     log_nu = nu.log().expand(B, m).contiguous()
     norm = _cost_norm(x, y, cost_normalization)
-    gam = _SoftTopKOT.apply(x, y, log_nu, eps, norm, int(max_iter), tolerance, int(check_every), {},
-                            (epsilon_start, float(anneal), solver))
+    gam = _SoftTopKOT.apply(x, y, log_nu, eps, norm, schedule, solver, {})
     return (n * gam[..., :k]).transpose(-1, -2).to(scores.dtype)
 
 
@@ -303,81 +246,56 @@ class SoftTopK(RankingOperator):
         tolerance: stop once max_i |n Σ_j Γ_ij - 1| < tolerance; ``None`` runs exactly ``max_iter``.
         check_every: iterations between marginal checks (each check synchronises with the host).
         cost_normalization: ``"none"`` | ``"batch"`` (official: C / max C over the batch, detached) | ``"row"``.
-        epsilon_start: ε-scaling start as a fraction of the largest row-shifted cost,
-            ε_t = max(ε, epsilon_start · max C · anneal^t); ``None`` = off (official). Near-hard plans
-            (small ε) otherwise need thousands of iterations.
+        epsilon_start: ε-scaling start as a fraction of the largest row-shifted cost (the convention of
+            :mod:`diffrank.operators.log_sinkhorn`); ``None`` = off (official).
         anneal: ε-scaling factor per iteration, in (0, 1).
         solver: ``"newton"`` (default): the same plan from a safeguarded Newton solve of the two-anchor dual
-            (tens of iterations; exact item marginals); ``"sinkhorn"``: the paper's log-domain Sinkhorn
-            (Alg. 1), with the settings above. The two agree to the tolerance; the backward is the same.
+            (tens of iterations; exact item marginals; uses ``max_iter`` and ``tolerance`` only);
+            ``"sinkhorn"``: the paper's log-domain Sinkhorn (Alg. 1), with the settings above. The two agree
+            to the tolerance; the backward is the same.
 
     Shapes: ``topk_membership(scores (B, n), ks)`` → ``(B, len(ks), n)``; each row sums to k exactly.
-    ``last_iterations`` holds the Sinkhorn iterations used by the last call.
+    ``last_iterations`` holds the solver iterations used by the last call.
 
     Raises:
         ValueError: bad beta or settings; ``forward`` (no relaxed permutation, see module docstring).
     """
 
-    capabilities: ClassVar[frozenset[str]] = frozenset({TOPK_MEMBERSHIP})
-    permutation_equivariant: ClassVar[bool] = True
-    hard_beta: ClassVar[float] = 100.0
+    capabilities = frozenset({TOPK_MEMBERSHIP})
+    permutation_equivariant = True
+    hard_beta = 100.0
 
     def __init__(self, beta: float = 10.0, max_iter: int = 2000, tolerance: float | None = 1e-6,
                  check_every: int = 10, cost_normalization: str = "none", epsilon_start: float | None = 1.0,
                  anneal: float = 0.9, solver: str = "newton") -> None:
         super().__init__(beta)
-        if solver not in SOLVERS:
-            raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
-        self.solver = solver
-        _check_settings(1.0 / self.beta, max_iter, tolerance, check_every, cost_normalization, epsilon_start,
-                        anneal)
-        self.epsilon_start = None if epsilon_start is None else float(epsilon_start)
-        self.anneal = float(anneal)
-        self.max_iter = int(max_iter)
-        self.tolerance = None if tolerance is None else float(tolerance)
-        self.check_every = int(check_every)
+        _check_options(cost_normalization, solver)
+        self.schedule = SinkhornSchedule(max_iter, tolerance, check_every, epsilon_start, anneal)
         self.cost_normalization = cost_normalization
+        self.solver = solver
         self.last_iterations = 0
 
-    @property
-    def epsilon(self) -> float:
-        """Entropic regularisation ε = 1/β."""
-        return 1.0 / self.beta
-
-    def topk_membership(self, scores: Tensor, ks: Sequence[int]) -> Tensor:
-        """SOFT top-k indicator A = n Γ^ε[:, 0] for each k (Xie et al. 2020, eq. (4)).
-
-        Args:
-            scores: ``(B, n)`` floating.
-            ks: non-empty sequence of ints in [1, n] (k = n gives all ones).
-
-        Returns:
-            ``(B, len(ks), n)``, dtype of ``scores``.
-        """
-        check_scores(scores)
+    def _topk_membership(self, scores: Tensor, ks: list[int]) -> Tensor:
+        """SOFT top-k indicator A = n Γ^ε[:, 0] for each k (Xie et al. 2020, eq. (4)); k = n gives all ones."""
         B, n = scores.shape
-        ks = self._check_ks(ks, n)
-        x = -_as_compute(scores)
+        x = -scores
         y = torch.tensor([0.0, 1.0], dtype=x.dtype, device=x.device)
-        norm = _cost_norm(x, y, self.cost_normalization)
-        partial = [k for k in ks if k < n]
         out = x.new_ones(B, len(ks), n)
-        if partial:
-            M = len(partial)
-            kt = torch.tensor(partial, dtype=x.dtype, device=x.device)
-            log_nu = torch.stack([torch.log(kt / n), torch.log((n - kt) / n)], dim=-1)  # (M, 2)
-            xr = x.unsqueeze(1).expand(B, M, n).reshape(B * M, n)
-            info: dict = {}
-            gam = _SoftTopKOT.apply(xr, y, log_nu.repeat(B, 1), self.epsilon,
-                                    norm.repeat_interleave(M, dim=0), self.max_iter, self.tolerance,
-                                    self.check_every, info, (self.epsilon_start, self.anneal, self.solver))
-            self.last_iterations = info["iterations"]
-            a = (n * gam[..., 0]).view(B, M, n)
-            idx = [i for i, k in enumerate(ks) if k < n]
-            out = out.index_copy(1, torch.tensor(idx, device=x.device), a)
-        return out.to(scores.dtype)
+        partial = [i for i, k in enumerate(ks) if k < n]
+        if not partial:
+            return out
+        M = len(partial)
+        kt = torch.tensor([ks[i] for i in partial], dtype=x.dtype, device=x.device)
+        log_nu = torch.stack([torch.log(kt / n), torch.log((n - kt) / n)], dim=-1)  # (M, 2)
+        xr = x.unsqueeze(1).expand(B, M, n).reshape(B * M, n)
+        norm = _cost_norm(x, y, self.cost_normalization).repeat_interleave(M, dim=0)
+        info: dict = {}
+        gam = _SoftTopKOT.apply(xr, y, log_nu.repeat(B, 1), 1.0 / self.beta, norm, self.schedule, self.solver, info)
+        self.last_iterations = info["iterations"]
+        a = (n * gam[..., 0]).view(B, M, n)
+        return out.index_copy(1, torch.tensor(partial, device=x.device), a)
 
     def extra_repr(self) -> str:
         """The constructor arguments that ``repr`` shows (β and the paper's own parameters)."""
-        return (f"beta={self.beta}, solver={self.solver!r}, max_iter={self.max_iter}, tolerance={self.tolerance}, "
-                f"cost_normalization={self.cost_normalization!r}")
+        return (f"beta={self.beta}, solver={self.solver!r}, cost_normalization={self.cost_normalization!r}, "
+                f"{self.schedule}")

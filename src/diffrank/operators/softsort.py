@@ -8,8 +8,6 @@ so time and memory are O(B · k · n) rather than difftopk's O(B · n²).
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 from torch import Tensor
 
@@ -31,9 +29,8 @@ class SoftSort(RankingOperator):
         ValueError: for beta <= 0 or power <= 0; see :class:`RankingOperator` for input errors.
     """
 
-    doubly_stochastic: ClassVar[bool] = False
-    permutation_equivariant: ClassVar[bool] = True
-    hard_beta: ClassVar[float] = 100.0
+    permutation_equivariant = True
+    hard_beta = 100.0
 
     def __init__(self, beta: float = 1.0, power: float = 1.0, use_triton: bool | None = None) -> None:
         super().__init__(beta)
@@ -44,7 +41,7 @@ class SoftSort(RankingOperator):
             raise ValueError("the Triton kernel implements power = 1 only")
         self.use_triton = use_triton
 
-    def relaxed_permutation(self, scores: Tensor, k: int | None) -> Tensor:
+    def _permutation(self, scores: Tensor, k: int | None) -> Tensor:
         """Top ``k`` (or all n) rows of the SoftSort matrix (Prillo & Eisenschlos 2020, Eq. 3)."""
         r = scores.shape[-1] if k is None else k
         if self.use_triton or (self.use_triton is None and scores.is_cuda and self.power == 1.0):

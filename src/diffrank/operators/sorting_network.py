@@ -1,6 +1,16 @@
-"""Relaxed evaluation of comparator networks, and the base class of the sorting-network operators.
+"""Relaxed comparator networks as ranking operators: :class:`ComparatorNetwork` (odd-even, bitonic, splitter).
 
-A layer of comparators (hi, lo) acts on a vector x of wire values as (spec §2.5; Petersen et al. 2021, Eq. 1)
+One operator class serves the four network configs (``configs/operator/``): ``diffsort_odd_even`` and
+``diffsort_bitonic`` (differentiable sorting networks, Petersen et al., ICML 2021; thesis §3.2) with
+diffsort's defaults, ``difftopk_bitonic`` and ``difftopk_splitter`` (differentiable top-k networks,
+Petersen et al., ICML 2022, §3 and App. B) with difftopk's. The networks themselves are built in
+:mod:`diffrank.operators.networks` (the bitonic one for every n: docs/conventions.md, "Bitonic networks for
+every n (−∞ sentinels)"). P equals diffsort's ``DiffSortNet('odd_even' | 'bitonic', n)`` (bitonic: n a power
+of two) and the k rows equal difftopk's ``DiffTopkNet`` output after the orientation map of
+docs/conventions.md, "Orientation against diffsort / difftopk" (tested for every sigmoid). For other n the
+bitonic network deliberately differs from the reference, which does not sort for 708 sizes n <= 1024.
+
+A layer of comparators (hi, lo) acts on a vector x of wire values as (Petersen et al. 2021, Eq. 1)
 
     α = f(β (x_hi - x_lo)),   x'_hi = α x_hi + (1-α) x_lo,   x'_lo = (1-α) x_hi + α x_lo.
 
@@ -15,7 +25,7 @@ columns = items), so
 
 - full P: start from I and apply the same gather + lerp to the *rows* of a (B, n, n) matrix: O(L·B·n²);
 - any m rows W·P (top-k rows, top-k membership, soft ranks): the bidirectional evaluation of Petersen
-  et al. 2022 (Eq. 3; spec §2.6): run the values forward keeping each layer's w (B, n), then push the
+  et al. 2022 (Eq. 3): run the values forward keeping each layer's w (B, n), then push the
   (B, m, n) matrix Y = W from the output side back to the input, Y ← Y M_t for t = T … 1, which is the
   same gather + lerp on the *columns* of Y. Memory O(L·B·n) for the weights plus O(L·B·m·n) saved for
   the backward pass, never O(L·B·n²).
@@ -25,30 +35,29 @@ gather and work on (nb, 2, d) views in place. The whole network is one autograd 
 with a hand-written backward pass (closed-form sigmoid slopes); :func:`reference_forward` is the same
 computation in plain autograd ops, and the tests check values and gradients of one against the other.
 
-Half-precision inputs are computed in float32 (α, values and P) and the result is cast back: hundreds
-of chained lerps in float16 / bfloat16 would lose the precision the relaxation is meant to keep.
+Half-precision inputs are computed in float32 (α, values and P) and the result is cast back (by
+:class:`~diffrank.operators.base.RankingOperator`): hundreds of chained lerps in float16 / bfloat16 would
+lose the precision the relaxation is meant to keep.
+
+Cost per call (L layers): full P O(L·B·n²); soft-sorted values O(L·B·n); k rows, top-k membership and soft
+ranks O(L·B·m·n) for m rows, never a (B, n, n) matrix (difftopk's dense path needs O(L·B·n²), 15 GB at
+n = 1000, B = 64). The splitter selection network for n = 1000, k = 5 has 22 layers / 5 085 comparators
+where the bitonic sorter has 55 / 27 268.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import ClassVar
-
 import torch
 from torch import Tensor
 
-from diffrank.operators.base import RankingOperator, check_scores
-from diffrank.operators.networks import Network
-from diffrank.operators.sigmoids import MONOTONIC, check_art_lambda, check_sigmoid, swap_slope, swap_weight
+from diffrank.operators.base import TOPK_MEMBERSHIP, RankingOperator, check_k
+from diffrank.operators.networks import Network, build
+from diffrank.operators.sigmoids import check_art_lambda, check_sigmoid, swap_slope, swap_weight
 
 # a beta at which P of scores spaced >= 0.5 apart is within 1e-3 of the hard permutation for n <= 8
 # (operator contract): 1 - α ≈ e^{-β/2} for the exponential tails, ≈ 1/(c β) for the algebraic ones
 HARD_BETA = {"logistic": 50.0, "logistic_phi": 50.0, "gaussian": 50.0,
              "reciprocal": 1e6, "cauchy": 1e6, "optimal": 1e5}
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def _pairs(y: Tensor, block: tuple[int, int, int], dim: int) -> tuple[Tensor, Tensor]:
@@ -265,132 +274,117 @@ def reference_forward(net: Network, x: Tensor, beta: float, sigmoid: str, art_la
     return y
 
 
-class SortingNetworkOperator(RankingOperator):
-    """Base class of the relaxed sorting / top-k network operators (diffsort, difftopk).
+NETWORKS = ("odd_even", "bitonic", "splitter_selection")
 
-    The network is built per (n, k) from the input's shape at call time (cached), with its index
-    tensors cached per device, so one operator instance serves any n and any device.
+
+class ComparatorNetwork(RankingOperator):
+    """A relaxed comparator network as a ranking operator; rows = ranks (rank 1 = largest), columns = items.
+
+    The network is built per (n, k) from the input's shape at call time (cached), with its index tensors
+    cached per device, so one operator instance serves any n and any device.
 
     Args:
-        beta: inverse temperature β > 0 (reference-code scale; see :mod:`diffrank.operators.sigmoids`).
+        beta: inverse temperature β > 0 (diffsort's ``steepness``, difftopk's ``inverse_temperature``;
+            the reference-code scale, see :mod:`diffrank.operators.sigmoids`).
         sigmoid: ``"logistic"``, ``"logistic_phi"``, ``"gaussian"``, ``"reciprocal"``, ``"cauchy"``,
             ``"optimal"``.
         art_lambda: λ ∈ [0, 1] of the activation replacement trick (``logistic_phi`` only).
+        network: ``"odd_even"`` (odd-even transposition, n layers), ``"bitonic"`` (Batcher's bitonic
+            sorter, ⌈log2 n⌉(⌈log2 n⌉+1)/2 layers, every n) or ``"splitter_selection"`` (Petersen et al.
+            2022, App. B: exact only for the top k, built for k = max(ks)).
 
-    Class attributes: ``doubly_stochastic = True`` (every layer matrix is), ``permutation_equivariant =
-    False`` (a network compares fixed wires). ``hard_beta`` depends on the sigmoid and is set per instance
-    (the class value is that of the default sigmoid).
+    Capabilities: the sorting networks provide all four; the splitter network only ``"topk_membership"``:
+    its rows depend on the k it was built for, so they are not the top rows of one relaxed permutation
+    (P, soft sort or soft ranks would silently mean "the network built with k = n"). :meth:`topk_rows`
+    gives the k top rows of any network built for k (for the splitter: difftopk's
+    ``DiffTopkNet('splitter_selection', n, k)`` output).
+
+    Attributes: ``doubly_stochastic`` True for the sorting networks (every layer matrix is doubly
+    stochastic); ``permutation_equivariant`` False (a network compares fixed wires); ``hard_beta`` per
+    sigmoid (:data:`HARD_BETA`).
+
+    Shapes: ``forward(scores (B, n), k)`` → ``(B, k or n, n)``; ``topk_rows(scores, k)`` → ``(B, k, n)``.
 
     Raises:
-        ValueError: beta <= 0, an unknown sigmoid (the message lists the known ones), λ outside [0, 1].
+        ValueError: beta <= 0, an unknown sigmoid (the message lists the known ones), λ outside [0, 1], an
+            unknown network.
     """
 
-    doubly_stochastic: ClassVar[bool] = True
-    permutation_equivariant: ClassVar[bool] = False
-    hard_beta: float = HARD_BETA["cauchy"]
+    permutation_equivariant = False
 
-    def __init__(self, beta: float = 10.0, sigmoid: str = "cauchy", art_lambda: float = 0.25) -> None:
+    def __init__(self, beta: float = 10.0, sigmoid: str = "cauchy", art_lambda: float = 0.25,
+                 network: str = "bitonic") -> None:
         super().__init__(beta)
+        if network not in NETWORKS:
+            raise ValueError(f"network must be one of {NETWORKS}, got {network!r}")
         self.sigmoid = check_sigmoid(sigmoid)
         self.art_lambda = check_art_lambda(art_lambda)
+        self.network = network
         self.hard_beta = HARD_BETA[self.sigmoid]
+        sorts = network != "splitter_selection"
+        self.doubly_stochastic = sorts
+        if not sorts:
+            self.capabilities = frozenset({TOPK_MEMBERSHIP})
 
-    @property
-    def monotonic(self) -> bool:
-        """True for the monotonic sigmoids (thesis Table 3.1): reciprocal, Cauchy, optimal."""
-        return self.sigmoid in MONOTONIC
+    def topk_rows(self, scores: Tensor, k: int) -> Tensor:
+        """The k top rows of the relaxed permutation of the network built for k (bidirectional, Eq. 3).
 
-    # -- networks ------------------------------------------------------------------------------------
-    def network(self, n: int, k: int | None) -> Network:
-        """The network for n items whose first outputs give ranks 0 … k-1 (k = None: all ranks)."""
-        raise NotImplementedError
-
-    # -- evaluation ----------------------------------------------------------------------------------
-    def _run(self, net: Network, scores: Tensor, mode: str, y0: Tensor | None = None) -> Tensor:
-        x = scores.to(_compute_dtype(scores.dtype))
-        return run_network(net, x, self.beta, self.sigmoid, self.art_lambda, mode, y0)
-
-    def _rows(self, net: Network, scores: Tensor, w_out: Tensor) -> Tensor:
-        """``w_out`` ``(m, n)`` rows over output ranks → ``(B, m, n)`` rows W·P over items (bidirectional)."""
-        w_out = w_out.to(device=scores.device, dtype=_compute_dtype(scores.dtype))
-        perm = net.out_perm_tensor(scores.device)
-        y = w_out if perm is None else torch.zeros_like(w_out).index_copy_(1, perm, w_out)
-        return self._run(net, scores, "rows", y.unsqueeze(0)).to(scores.dtype)
-
-    def _full(self, net: Network, scores: Tensor) -> Tensor:
-        p = self._run(net, scores, "full")
-        perm = net.out_perm_tensor(scores.device)
-        if perm is not None:
-            p = p.index_select(1, perm)
-        return p.to(scores.dtype)
-
-    def relaxed_permutation(self, scores: Tensor, k: int | None) -> Tensor:
-        """Rows of P: all n from the forward pass on (B, n, n), or the top k by bidirectional evaluation.
-
-        Args:
-            scores: ``(B, n)`` validated scores.
-            k: ``None`` or 1 <= k <= n.
-
-        Returns:
-            ``(B, n or k, n)`` in the dtype of ``scores``; rows sum to 1, and for k = None columns too.
-        """
-        n = scores.shape[1]
-        if k is None:
-            return self._full(self.network(n, None), scores)
-        eye = torch.eye(k, n, dtype=_compute_dtype(scores.dtype))
-        return self._rows(self.network(n, k), scores, eye)
-
-    def topk_membership(self, scores: Tensor, ks: Sequence[int]) -> Tensor:
-        """Σ_{r<k} P[r, j] for each k, in one bidirectional pass from the indicator rows (Eq. 2 and 3).
+        For the sorting networks this is ``forward(scores, k)``; for the splitter network the rows that
+        difftopk's sparse splitter returns.
 
         Args:
             scores: ``(B, n)`` floating tensor.
-            ks: non-empty sequence of ints in [1, n].
+            k: 1 <= k <= n.
 
         Returns:
-            ``(B, len(ks), n)`` in the dtype of ``scores``; row i sums to ks[i].
+            ``(B, k, n)`` in the dtype of ``scores``; rows sum to 1, columns to <= 1.
 
         Raises:
-            ValueError / TypeError: bad scores or ks.
+            ValueError / TypeError: bad scores or k.
         """
-        check_scores(scores)
-        n = scores.shape[1]
-        ks = self._check_ks(ks, n)
-        ranks = torch.arange(n)
-        w_out = (ranks.unsqueeze(0) < torch.tensor(ks).unsqueeze(1)).to(_compute_dtype(scores.dtype))
-        return self._rows(self.network(n, max(ks)), scores, w_out)
+        n = self._check_call(TOPK_MEMBERSHIP, "topk_rows", scores)
+        k = check_k(k, n)
+        return self._permutation(self._compute_input(scores), k).to(scores.dtype)
 
-    def soft_sort(self, scores: Tensor) -> Tensor:
-        """Soft-sorted values, descending: the network's output wires (= P @ s), without forming P.
+    def _run(self, net: Network, x: Tensor, mode: str, y0: Tensor | None = None) -> Tensor:
+        return run_network(net, x, self.beta, self.sigmoid, self.art_lambda, mode, y0)
 
-        Args:
-            scores: ``(B, n)`` floating tensor.
+    def _rows(self, x: Tensor, k: int | None, w_out: Tensor) -> Tensor:
+        """``w_out`` ``(m, n)`` rows over output ranks → ``(B, m, n)`` rows W·P over items (bidirectional),
+        through the network built for k."""
+        net = build(self.network, x.shape[1], k)
+        w_out = w_out.to(device=x.device, dtype=x.dtype)
+        perm = net.out_perm_tensor(x.device)
+        y = w_out if perm is None else torch.zeros_like(w_out).index_copy_(1, perm, w_out)
+        return self._run(net, x, "rows", y.unsqueeze(0))
 
-        Returns:
-            ``(B, n)`` in the dtype of ``scores``. O(L·B·n) time and memory.
-        """
-        check_scores(scores)
-        net = self.network(scores.shape[1], None)
-        x = self._run(net, scores, "values")
-        perm = net.out_perm_tensor(scores.device)
-        if perm is not None:
-            x = x.index_select(1, perm)
-        return x.to(scores.dtype)
+    def _permutation(self, x: Tensor, k: int | None) -> Tensor:
+        """All n rows of P from the forward pass on (B, n, n), or the top k by bidirectional evaluation."""
+        n = x.shape[1]
+        if k is not None:
+            return self._rows(x, k, torch.eye(k, n))
+        net = build(self.network, n)
+        p = self._run(net, x, "full")
+        perm = net.out_perm_tensor(x.device)
+        return p if perm is None else p.index_select(1, perm)
 
-    def soft_rank(self, scores: Tensor) -> Tensor:
-        """Soft ranks Σ_r r·P[r, j] (1 = largest) from one bidirectional pass with the row (1, …, n).
+    def _topk_membership(self, x: Tensor, ks: list[int]) -> Tensor:
+        """Σ_{r<k} P[r, j] for each k in one bidirectional pass from the indicator rows (Petersen et al.
+        2022, Eq. 2 and 3), through the network built for max(ks)."""
+        w_out = torch.arange(x.shape[1]).unsqueeze(0) < torch.tensor(ks).unsqueeze(1)
+        return self._rows(x, max(ks), w_out)
 
-        Args:
-            scores: ``(B, n)`` floating tensor.
+    def _soft_sort(self, x: Tensor) -> Tensor:
+        """The network's output wires (= P @ s), without forming P: O(L·B·n)."""
+        net = build(self.network, x.shape[1])
+        out = self._run(net, x, "values")
+        perm = net.out_perm_tensor(x.device)
+        return out if perm is None else out.index_select(1, perm)
 
-        Returns:
-            ``(B, n)`` in the dtype of ``scores``, values in [1, n].
-        """
-        check_scores(scores)
-        n = scores.shape[1]
-        r = torch.arange(1, n + 1, dtype=_compute_dtype(scores.dtype)).unsqueeze(0)
-        return self._rows(self.network(n, None), scores, r).squeeze(1)
+    def _soft_rank(self, x: Tensor) -> Tensor:
+        """Σ_r r·P[r, j] (1 = largest) from one bidirectional pass with the row (1, …, n)."""
+        return self._rows(x, None, torch.arange(1, x.shape[1] + 1).unsqueeze(0)).squeeze(1)
 
     def extra_repr(self) -> str:
         """The constructor arguments that ``repr`` shows (β and the paper's own parameters)."""
-        return f"beta={self.beta}, sigmoid={self.sigmoid!r}, art_lambda={self.art_lambda}"
+        return f"beta={self.beta}, sigmoid={self.sigmoid!r}, art_lambda={self.art_lambda}, network={self.network!r}"

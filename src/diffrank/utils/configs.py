@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from pathlib import Path
 
@@ -22,6 +23,13 @@ def config_dir() -> Path:
     return path
 
 
-def list_options(group: str) -> list[str]:
-    """Sorted option names of a config group, e.g. ``list_options("operator")``."""
-    return sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
+def list_options(group: str, pattern: str = "*") -> list[str]:
+    """Sorted option names of a config group, found recursively, matching a glob ``pattern``.
+
+    ``list_options("operator")``; ``list_options("experiment", "sorting/thesis_t3_7/*")`` gives
+    ``["sorting/thesis_t3_7/bitonic_art_n16", …]``, the names ``experiment=`` takes (Hydra's own
+    ``glob()`` sweep sees only the files directly in the group folder).
+    """
+    root = config_dir() / group
+    names = (p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.yaml"))
+    return sorted(n for n in names if fnmatch.fnmatchcase(n, pattern))
