@@ -203,6 +203,8 @@ class RankingOperator(nn.Module):
         """
         n = self._check_call(PERMUTATION, "forward", scores)
         k = None if k is None else check_k(k, n)
+        if scores.shape[0] == 0:
+            return self._empty(scores, n if k is None else k, n)
         x = self._compute_input(scores)
         return self._permutation(x, k).to(scores.dtype)
 
@@ -221,6 +223,8 @@ class RankingOperator(nn.Module):
         """
         n = self._check_call(TOPK_MEMBERSHIP, "topk_membership", scores)
         ks, checks = self._check_ks(ks, n, scores)
+        if scores.shape[0] == 0:
+            return self._empty(scores, len(ks), n)
         x = self._compute_input(scores, checks)
         return self._topk_membership(x, ks).to(scores.dtype)
 
@@ -236,7 +240,9 @@ class RankingOperator(nn.Module):
         Raises:
             ValueError / TypeError: bad scores, or an operator without ``"soft_sort"``.
         """
-        self._check_call(SOFT_SORT, "soft_sort", scores)
+        n = self._check_call(SOFT_SORT, "soft_sort", scores)
+        if scores.shape[0] == 0:
+            return self._empty(scores, n)
         return self._soft_sort(self._compute_input(scores)).to(scores.dtype)
 
     def soft_rank(self, scores: Tensor) -> Tensor:
@@ -251,7 +257,9 @@ class RankingOperator(nn.Module):
         Raises:
             ValueError / TypeError: bad scores, or an operator without ``"soft_rank"``.
         """
-        self._check_call(SOFT_RANK, "soft_rank", scores)
+        n = self._check_call(SOFT_RANK, "soft_rank", scores)
+        if scores.shape[0] == 0:
+            return self._empty(scores, n)
         return self._soft_rank(self._compute_input(scores)).to(scores.dtype)
 
     # -- the hooks a subclass implements ----------------------------------------------------------------
@@ -280,6 +288,12 @@ class RankingOperator(nn.Module):
         """The capability and the data-free checks of the scores (no host synchronisation); returns n."""
         require(self, capability, f"{type(self).__name__}.{method}")
         return check_scores_shape(scores)
+
+    @staticmethod
+    def _empty(scores: Tensor, *shape: int) -> Tensor:
+        """The result for a batch of zero sets, ``(0, *shape)``, still attached to ``scores``' graph: no hook
+        runs (their reductions over an empty batch would raise)."""
+        return scores.new_zeros((0, *shape)) + 0 * scores.sum()
 
     @staticmethod
     def _compute_input(scores: Tensor, checks: Sequence[Check] = ()) -> Tensor:

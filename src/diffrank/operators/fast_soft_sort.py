@@ -130,6 +130,23 @@ def _jt(g: Tensor, wts: Tensor, start: Tensor) -> Tensor:
     return torch.from_numpy(out).to(g.device)
 
 
+def _block_relative(x: Tensor, start: Tensor, regularization: str) -> Tensor:
+    """x minus its block's mean (l2) or LSE (kl), computed relative to the block's first entry.
+
+    ``x - v`` with ``v`` the isotonic solution cancels catastrophically once |x| is large next to the
+    ranks (|s| >= 1e10 gave ranks such as [0, 0, 0, 4, 0, 0]); blocks hold entries of one block start
+    (``start``), so subtracting the first entry first makes a singleton block exactly 0.
+    """
+    d = x - x.gather(-1, start)
+    if regularization == "l2":
+        total = torch.zeros_like(d).scatter_add_(-1, start, d)
+        count = torch.zeros_like(d).scatter_add_(-1, start, torch.ones_like(d))
+        return d - (total / count.clamp_min(1)).gather(-1, start)
+    top = torch.full_like(d, -torch.inf).scatter_reduce_(-1, start, d, "amax").gather(-1, start)
+    total = torch.zeros_like(d).scatter_add_(-1, start, (d - top).exp()).gather(-1, start)
+    return d - (top + total.log())
+
+
 def _rho(n: int, like: Tensor) -> Tensor:
     return torch.arange(n, 0, -1, dtype=like.dtype, device=like.device).expand(like.shape[0], n)
 
@@ -137,15 +154,15 @@ def _rho(n: int, like: Tensor) -> Tensor:
 class _SoftRank(torch.autograd.Function):
     @staticmethod
     def forward(ctx, theta: Tensor, eps: float, regularization: str) -> Tensor:
-        """Autograd forward; shapes, dtypes, errors and the paper equation: the class docstring."""
         z = -theta / eps
         s, order = z.sort(dim=-1, descending=True)
         rho = _rho(theta.shape[-1], theta)
-        if regularization == "l2":
-            v, wts, start = _isotonic(s - rho, None, "l2", True)
-        else:
-            v, wts, start = _isotonic(s, rho.log(), "kl", True)
-        mu = torch.empty_like(s).scatter_(-1, order, s - v)
+        w = rho if regularization == "l2" else rho.log()
+        _, wts, start = _isotonic(s - rho if regularization == "l2" else s, None if regularization == "l2" else w,
+                                  regularization, True)
+        # s - v = (s - block mean / LSE of s) + block mean / LSE of w, without the cancellation of s - v
+        mu_sorted = _block_relative(s, start, regularization) - _block_relative(w, start, regularization) + w
+        mu = torch.empty_like(s).scatter_(-1, order, mu_sorted)
         out = mu if regularization == "l2" else mu.exp()
         ctx.eps, ctx.reg = eps, regularization
         ctx.save_for_backward(order, wts, start, out)
@@ -153,7 +170,6 @@ class _SoftRank(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        """Autograd backward (closed-form VJP); shapes as the forward's outputs."""
         order, wts, start, out = ctx.saved_tensors
         if ctx.reg == "kl":
             g = g * out
@@ -166,19 +182,18 @@ class _SoftRank(torch.autograd.Function):
 class _SoftSort(torch.autograd.Function):
     @staticmethod
     def forward(ctx, theta: Tensor, eps: float, regularization: str) -> Tensor:
-        """Autograd forward; shapes, dtypes, errors and the paper equation: the class docstring."""
         s, order = theta.sort(dim=-1, descending=True)
         w = _rho(theta.shape[-1], theta) / eps
         if regularization == "l2":
-            v, wts, start = _isotonic(w - s, None, "l2", True)
+            _, wts, start = _isotonic(w - s, None, "l2", True)
         else:
-            v, wts, start = _isotonic(w, s, "kl", False)
+            _, wts, start = _isotonic(w, s, "kl", False)
         ctx.save_for_backward(order, wts, start)
-        return w - v
+        # w - v = (w - block mean / LSE of w) + block mean / LSE of s (see _block_relative)
+        return _block_relative(w, start, regularization) - _block_relative(s, start, regularization) + s
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        """Autograd backward (closed-form VJP); shapes as the forward's outputs."""
         order, wts, start = ctx.saved_tensors
         gs = _jt(g, wts, start)
         return torch.empty_like(gs).scatter_(-1, order, gs), None, None
@@ -266,5 +281,4 @@ class FastSoftSort(RankingOperator):
         return _SoftSort.apply(scores, self.regularization_strength, self.regularization)
 
     def extra_repr(self) -> str:
-        """The constructor arguments that ``repr`` shows (β and the paper's own parameters)."""
         return f"beta={self.beta}, regularization={self.regularization!r}"

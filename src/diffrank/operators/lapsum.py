@@ -139,7 +139,6 @@ class _LapSumTopK(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, scores: Tensor, k: Tensor, beta: float) -> Tensor:
-        """Autograd forward; shapes, dtypes, errors and the paper equation: the class docstring."""
         n = scores.shape[-1]
         u, _ = _sorted_knots(scores, beta)
         full = k >= n
@@ -152,7 +151,6 @@ class _LapSumTopK(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_p: Tensor):
-        """Autograd backward (closed-form VJP); shapes as the forward's outputs."""
         scores, t, full = ctx.saved_tensors
         beta = ctx.beta
         x = t.unsqueeze(-1) + beta * scores.unsqueeze(-2)
@@ -171,7 +169,6 @@ class _LapSumInverse(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, scores: Tensor, w: Tensor, beta: float) -> Tensor:
-        """Autograd forward; shapes, dtypes, errors and the paper equation: the class docstring."""
         u, order = _sorted_knots(scores, beta)
         t = _thresholds(u, w)
         ctx.beta = beta
@@ -180,7 +177,6 @@ class _LapSumInverse(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_b: Tensor):
-        """Autograd backward (closed-form VJP); shapes as the forward's outputs."""
         u, order, t = ctx.saved_tensors
         grad_sorted = _inverse_vjp(t, u, grad_b)  # ∂b/∂s = ∂t/∂u
         return _unsort(grad_sorted, order), None, None
@@ -191,7 +187,6 @@ class _LapSumRank(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, scores: Tensor, beta: float) -> Tensor:
-        """Autograd forward; shapes, dtypes, errors and the paper equation: the class docstring."""
         n = scores.shape[-1]
         u, order = _sorted_knots(scores, beta)
         a = torch.exp(u + _exclusive_revlse(u)[..., 1:])  # Σ_{j>i} e^{u_i - u_j}
@@ -203,7 +198,6 @@ class _LapSumRank(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_r: Tensor):
-        """Autograd backward (closed-form VJP); shapes as the forward's outputs."""
         u, order, ab = ctx.saved_tensors
         v = grad_r.gather(-1, order)
         # g_l = (β/2) [Σ_{j<l} e^{u_j-u_l} v_j + Σ_{j>l} e^{u_l-u_j} v_j - v_l (a_l + b_l)]

@@ -3,7 +3,7 @@
 Parameterisation (the ``sinkhorn_zto`` method of Petersen et al. 2022, §5; the google-research ``soft_sort``
 code it names):
 
-- scores are squashed to [0, 1]: x̂ = sigmoid(π/√3 · (s - mean(s)) / max(std(s), 1e-6)) (a logistic
+- scores are squashed to [0, 1]: x̂ = sigmoid(π/√3 · (s - mean(s)) / std(s)) (a logistic
   rescaling, as in the google-research ``soft_sort`` code);
 - targets on [0, 1] ("zero to one"), in our rank order: y_r = 1 - r/(n-1), r = 0..n-1 (rank 1 = 1.0);
 - uniform weights a = b = 1/n; cost C[i, r] = (x̂_i - y_r)² (Cuturi et al. 2019, §2);
@@ -64,8 +64,15 @@ class SinkhornSort(RankingOperator):
         B, n = scores.shape
         if n == 1:
             return torch.ones(B, 1, 1, dtype=scores.dtype, device=scores.device) + 0 * scores.unsqueeze(-1)
-        std = scores.std(dim=-1, keepdim=True, unbiased=False).clamp_min(1e-6)
-        x = torch.sigmoid((scores - scores.mean(dim=-1, keepdim=True)) / std * (math.pi / math.sqrt(3.0)))
+        # standardised without a floor on std (one of 1e-6 squashed every set spread by less to 0.5: a uniform P
+        # whatever β) and without squaring raw scores (1e20 overflows float32): divide by the largest |s - mean|
+        # first, which the result does not depend on. A set of equal scores maps to 0 with finite gradients.
+        centred = scores - scores.mean(dim=-1, keepdim=True)
+        m = centred.abs().amax(dim=-1, keepdim=True).detach()
+        c = centred / torch.where(m > 0, m, torch.ones_like(m))
+        var = c.square().mean(dim=-1, keepdim=True)
+        std = torch.where(var > 0, var, torch.ones_like(var)).sqrt()
+        x = torch.sigmoid(c / std * (math.pi / math.sqrt(3.0)))
         y = 1.0 - torch.arange(n, device=scores.device, dtype=scores.dtype) / (n - 1)
         cost = (x.unsqueeze(-1) - y.view(1, 1, n)) ** 2  # (B, items, ranks)
         log_w = scores.new_full((1, n), -math.log(n))
@@ -75,5 +82,4 @@ class SinkhornSort(RankingOperator):
         return p if k is None else p[:, :k]
 
     def extra_repr(self) -> str:
-        """The constructor arguments that ``repr`` shows (β and the paper's own parameters)."""
         return f"beta={self.beta}, {self.schedule}"

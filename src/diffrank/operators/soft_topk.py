@@ -145,13 +145,11 @@ class _SoftTopKOT(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, y: Tensor, log_nu: Tensor, eps: float, norm: Tensor, schedule: SinkhornSchedule,
                 solver: str, info: dict) -> Tensor:
-        """Autograd forward; shapes, dtypes, errors and the paper equation: the class docstring."""
         R, n = x.shape
         # float64 whatever the input: at small ε the exponents (f + g - C)/ε reach 1e4-1e6 and float32's
         # ulp there (1e-3-0.1) turns Γ into noise. Each row of C is shifted by its minimum, which leaves Γ
         # unchanged (absorbed by f) and makes the entries O(|x|) instead of O(x²).
-        C = (x.double().unsqueeze(-1) - y.double().unsqueeze(-2)) ** 2 / norm.double()
-        C = C - C.amin(-1, keepdim=True)
+        C = _shifted_cost(x, y, norm)
         if solver == "newton" and C.shape[-1] == 2:
             gam, it, err = _two_anchor_newton(C, log_nu.double(), eps, schedule.max_iter)
             what = "the Newton solve stopped with |Σ A - k|"
@@ -169,12 +167,24 @@ class _SoftTopKOT(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_gam: Tensor):
-        """Autograd backward (closed-form VJP); shapes as the forward's outputs."""
         x, y, gam, norm = ctx.saved_tensors
         grad_c = _implicit_vjp(gam, ctx.eps, grad_gam)  # float64
         # the row shift C - min_j C_ij does not change Γ, so it adds nothing to the derivative
         grad_x = (grad_c * 2 * (x.double().unsqueeze(-1) - y.double().unsqueeze(-2)) / norm.double()).sum(-1)
         return grad_x.to(x.dtype), None, None, None, None, None, None, None
+
+
+def _shifted_cost(x: Tensor, y: Tensor, norm: Tensor) -> Tensor:
+    """Row-shifted float64 costs C_ij - min_j C_ij of C_ij = (x_i - y_j)² / norm, ``(R, n, m)``.
+
+    Formed as (y* - y_j)(2 x_i - y_j - y*) / norm with y* the anchor nearest to x_i, never through x²: for
+    |x| >= 1e8 the difference of two squares of size x² loses every digit in float64 (scores of 1e16 put
+    the top-1 mass on the wrong item).
+    """
+    xd, yd = x.double().unsqueeze(-1), y.double().unsqueeze(-2)
+    yy = yd.expand(*xd.shape[:-1], yd.shape[-1])
+    nearest = yy.gather(-1, (xd - yy).abs().argmin(-1, keepdim=True))
+    return (nearest - yy) * (2 * xd - yy - nearest) / norm.double()
 
 
 def _cost_norm(x: Tensor, y: Tensor, mode: str) -> Tensor:
@@ -285,7 +295,9 @@ class SoftTopK(RankingOperator):
         if not partial:
             return out
         M = len(partial)
-        kt = torch.tensor([ks[i] for i in partial], dtype=x.dtype, device=x.device)
+        # float64 marginals: k/n rounded to float32 leaves a target the saturated plan of far-apart scores
+        # cannot meet (Newton then stops at |Σ A - k| = 0.5)
+        kt = torch.tensor([ks[i] for i in partial], dtype=torch.float64, device=x.device)
         log_nu = torch.stack([torch.log(kt / n), torch.log((n - kt) / n)], dim=-1)  # (M, 2)
         xr = x.unsqueeze(1).expand(B, M, n).reshape(B * M, n)
         norm = _cost_norm(x, y, self.cost_normalization).repeat_interleave(M, dim=0)
@@ -296,6 +308,5 @@ class SoftTopK(RankingOperator):
         return out.index_copy(1, torch.tensor(partial, device=x.device), a)
 
     def extra_repr(self) -> str:
-        """The constructor arguments that ``repr`` shows (β and the paper's own parameters)."""
         return (f"beta={self.beta}, solver={self.solver!r}, cost_normalization={self.cost_normalization!r}, "
                 f"{self.schedule}")

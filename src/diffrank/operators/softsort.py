@@ -55,5 +55,4 @@ class SoftSort(RankingOperator):
         return torch.softmax(-self.beta * dist, dim=-1)
 
     def extra_repr(self) -> str:
-        """The constructor arguments that ``repr`` shows (β and the paper's own parameters)."""
         return f"beta={self.beta}, power={self.power}"

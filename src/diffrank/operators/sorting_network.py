@@ -101,7 +101,6 @@ class _Net(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, net: Network, beta: float, sigmoid: str, art_lambda: float, mode: str,
                 y0: Tensor | None) -> Tensor:
-        """Autograd forward; shapes, dtypes, errors and the paper equation: the class docstring."""
         x = x.clone(memory_format=torch.contiguous_format)
         B, n = x.shape
         p = torch.eye(n, dtype=x.dtype, device=x.device).repeat(B, 1, 1) if mode == "full" else None
@@ -154,7 +153,6 @@ class _Net(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        """Autograd backward (closed-form VJP); shapes as the forward's outputs."""
         net, mode = ctx.net, ctx.mode
         layers = net.layers
         L = len(layers)
@@ -386,5 +384,4 @@ class ComparatorNetwork(RankingOperator):
         return self._rows(x, None, torch.arange(1, x.shape[1] + 1).unsqueeze(0)).squeeze(1)
 
     def extra_repr(self) -> str:
-        """The constructor arguments that ``repr`` shows (β and the paper's own parameters)."""
         return f"beta={self.beta}, sigmoid={self.sigmoid!r}, art_lambda={self.art_lambda}, network={self.network!r}"
