@@ -1,8 +1,7 @@
 """Smooth top-k SVM losses (Berrada, Zisserman, Kumar, ICLR 2018), the baselines of Petersen et al. 2022.
 
-Smooth top-k SVM with margin α = 1 and temperature τ (Berrada et al. 2018, eq. (10)-(11); spec
-difftopk_diffsort.md §3.6; the margin enters as α/τ and the scores as s/(kτ), as in the paper and the
-reference implementation):
+Smooth top-k SVM with margin α = 1 and temperature τ (Berrada et al. 2018, eq. (10)-(11); the margin
+enters as α/τ and the scores as s/(kτ), as in the paper and the reference implementation):
 
     L_{k,τ}(s, y) = τ log Σ_{Ȳ ∈ 𝒴_k} exp(α 1[y ∉ Ȳ]/τ + Σ_{j∈Ȳ} s_j/(kτ))
                   - τ log Σ_{Ȳ ∈ 𝒴_k, y ∈ Ȳ} exp(Σ_{j∈Ȳ} s_j/(kτ)),
