@@ -130,21 +130,47 @@ def _jt(g: Tensor, wts: Tensor, start: Tensor) -> Tensor:
     return torch.from_numpy(out).to(g.device)
 
 
+@numba.njit(cache=True, nogil=True)
+def _block_relative_nb(x, start, kl, out):  # pragma: no cover - compiled
+    """out_i = x_i minus the mean (l2) or LSE (kl) of its block, every term taken relative to the block's first
+    entry; see :func:`_block_relative`."""
+    B, n = x.shape
+    for b in range(B):
+        i = 0
+        while i < n:
+            j = i
+            while j < n and start[b, j] == start[b, i]:
+                j += 1
+            x0 = x[b, i]
+            if kl:
+                top = 0.0
+                for m in range(i, j):
+                    top = max(top, x[b, m] - x0)
+                tot = 0.0
+                for m in range(i, j):
+                    tot += np.exp(x[b, m] - x0 - top)
+                centre = top + np.log(tot)
+            else:
+                tot = 0.0
+                for m in range(i, j):
+                    tot += x[b, m] - x0
+                centre = tot / (j - i)
+            for m in range(i, j):
+                out[b, m] = (x[b, m] - x0) - centre
+            i = j
+
+
 def _block_relative(x: Tensor, start: Tensor, regularization: str) -> Tensor:
     """x minus its block's mean (l2) or LSE (kl), computed relative to the block's first entry.
 
-    ``x - v`` with ``v`` the isotonic solution cancels catastrophically once |x| is large next to the
-    ranks (|s| >= 1e10 gave ranks such as [0, 0, 0, 4, 0, 0]); blocks hold entries of one block start
+    ``x - v`` with ``v`` the isotonic solution cancels catastrophically once |x| is large next to the ranks
+    (|s| >= 1e10 gave ranks such as [0, 0, 0, 4, 0, 0]); entries of one block share a block start
     (``start``), so subtracting the first entry first makes a singleton block exactly 0.
     """
-    d = x - x.gather(-1, start)
-    if regularization == "l2":
-        total = torch.zeros_like(d).scatter_add_(-1, start, d)
-        count = torch.zeros_like(d).scatter_add_(-1, start, torch.ones_like(d))
-        return d - (total / count.clamp_min(1)).gather(-1, start)
-    top = torch.full_like(d, -torch.inf).scatter_reduce_(-1, start, d, "amax").gather(-1, start)
-    total = torch.zeros_like(d).scatter_add_(-1, start, (d - top).exp()).gather(-1, start)
-    return d - (top + total.log())
+    xn = x.detach().cpu().contiguous().numpy()
+    out = np.empty_like(xn)
+    _block_relative_nb(xn, start.cpu().numpy(), regularization == "kl", out)
+    return torch.from_numpy(out).to(x.device)
 
 
 def _rho(n: int, like: Tensor) -> Tensor:
