@@ -240,10 +240,7 @@ class RankingOperator(nn.Module):
         Raises:
             ValueError / TypeError: bad scores, or an operator without ``"soft_sort"``.
         """
-        n = self._check_call(SOFT_SORT, "soft_sort", scores)
-        if scores.shape[0] == 0:
-            return self._empty(scores, n)
-        return self._soft_sort(self._compute_input(scores)).to(scores.dtype)
+        return self._per_item(SOFT_SORT, "soft_sort", scores, self._soft_sort)
 
     def soft_rank(self, scores: Tensor) -> Tensor:
         """Soft ranks (1 = largest); for a P-providing operator the expected rank ``Σ_r r · P[r, j]``.
@@ -252,15 +249,20 @@ class RankingOperator(nn.Module):
             scores: ``(B, n)`` floating tensor.
 
         Returns:
-            ``(B, n)`` of the dtype of ``scores``, values in ``[1, n]``.
+            ``(B, n)`` of the dtype of ``scores``, summing to n(n + 1)/2; values in ``[1, n]`` unless P is only
+            row-stochastic (NeuralSort, SoftSort), whose column sums are near 1 only.
 
         Raises:
             ValueError / TypeError: bad scores, or an operator without ``"soft_rank"``.
         """
-        n = self._check_call(SOFT_RANK, "soft_rank", scores)
+        return self._per_item(SOFT_RANK, "soft_rank", scores, self._soft_rank)
+
+    def _per_item(self, capability: str, method: str, scores: Tensor, hook) -> Tensor:
+        """The template of the one-value-per-item methods (``soft_sort``, ``soft_rank``): ``(B, n)``."""
+        n = self._check_call(capability, method, scores)
         if scores.shape[0] == 0:
             return self._empty(scores, n)
-        return self._soft_rank(self._compute_input(scores)).to(scores.dtype)
+        return hook(self._compute_input(scores)).to(scores.dtype)
 
     # -- the hooks a subclass implements ----------------------------------------------------------------
     def _permutation(self, x: Tensor, k: int | None) -> Tensor:
