@@ -23,13 +23,12 @@ single-process runs.
 from __future__ import annotations
 
 import random
-import warnings
 from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 KEY = "diffrank_resume"
 
@@ -130,8 +129,9 @@ class ResumeState(L.Callback):
             samplers = train_samplers(trainer)
             for sampler, per_batch in samplers:
                 sampler.set_start(batches * per_batch)
-            if samplers:  # Lightning warns that a plain DataLoader cannot resume mid-epoch: ours can
-                warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before")
+            if samplers:  # not a process-wide filter: a library callback leaves the user's warnings alone
+                rank_zero_info(f"resuming after batch {batches} of epoch {trainer.current_epoch}: the samplers skip "
+                               "the consumed batches, so Lightning's warning about resuming mid-epoch does not apply")
             else:
                 rank_zero_warn(f"resuming in the middle of epoch {trainer.current_epoch} with a sampler that "
                                "cannot skip ahead: the rest of the epoch will not repeat the original's batches")
