@@ -3,11 +3,16 @@
 P[b, r, j] = softmax_j(-β |t_{b,r} - s_{b,j}|), t = the r-th largest score. One program per row (forward)
 reads the scores once for the normaliser and once to write the row; the logits never reach memory.
 Because t_r is itself one of the scores, the largest logit is exactly 0, so no max pass is needed.
-Backward: one program per sample walks its k rows, dlogit = P ⊙ (G - Σ_j P G), and accumulates
-∂/∂s_j = -β sign(s_j - t_r) dlogit_j (no atomics: the program owns the sample) and
-∂/∂t_r = β Σ_j sign(s_j - t_r) dlogit_j, which autograd then routes through ``topk``.
 
-On the CPU the kernels run under ``TRITON_INTERPRET=1`` (tests); ``SoftSort`` uses them for CUDA inputs.
+Backward (dlogit = P ⊙ (G - Σ_j P G), the softmax Jacobian), in two launches without atomics:
+
+- one program per row: the dot Σ_j P_rj G_rj, then ∂/∂t_r = β Σ_j sign(s_j - t_r) dlogit_rj, which
+  autograd routes through ``topk`` to the item holding t_r;
+- one program per (sample, item block): ∂/∂s_j = -β Σ_r sign(s_j - t_r) dlogit_rj over the k rows.
+
+sign(0) = 0, as PyTorch's ``abs`` backward. Accumulation is in float32 (float64 for float64 inputs).
+On the CPU the kernels run under ``TRITON_INTERPRET=1`` (tests); :class:`~diffrank.operators.softsort.SoftSort`
+picks them with ``backend`` (see :mod:`diffrank.operators.backend`).
 """
 
 from __future__ import annotations
@@ -16,60 +21,91 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 
 @triton.jit
-def _load(ptr, start, n, BLOCK: tl.constexpr):
-    """One block of a length-n row from ``start``: (values in float32, 0 past the end; offsets; mask)."""
-    offs = start + tl.arange(0, BLOCK)
-    mask = offs < n
-    return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32), offs, mask
-
-
-@triton.jit
-def _softsort_fwd(s_ptr, t_ptr, p_ptr, n, k, beta, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+def _softsort_fwd(s_ptr, t_ptr, p_ptr, beta_ptr, n, k, BLOCK: tl.constexpr, ACC: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # offsets past 2^31 elements for large batches
     s_row = s_ptr + (row // k) * n
-    t = tl.load(t_ptr + row).to(tl.float32)
-    denom = tl.zeros((BLOCK,), dtype=tl.float32)
+    t = tl.load(t_ptr + row).to(ACC)
+    beta = tl.load(beta_ptr)
+    denom = tl.zeros((BLOCK,), dtype=ACC)
     for start in range(0, n, BLOCK):
-        s, offs, mask = _load(s_row, start, n, BLOCK)
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < n
+        s = tl.load(s_row + offs, mask=mask, other=0.0).to(ACC)
         denom += tl.where(mask, tl.exp(-beta * tl.abs(t - s)), 0.0)
     total = tl.sum(denom, axis=0)
     for start in range(0, n, BLOCK):
-        s, offs, mask = _load(s_row, start, n, BLOCK)
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < n
+        s = tl.load(s_row + offs, mask=mask, other=0.0).to(ACC)
         p = tl.exp(-beta * tl.abs(t - s)) / total
         tl.store(p_ptr + row * n + offs, p.to(p_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _softsort_bwd(s_ptr, t_ptr, p_ptr, g_ptr, ds_ptr, dt_ptr, n, k, beta, BLOCK: tl.constexpr):
-    b = tl.program_id(0)
+def _sign(x):
+    return tl.where(x > 0, 1.0, tl.where(x < 0, -1.0, 0.0))
+
+
+@triton.jit
+def _softsort_bwd_rows(s_ptr, t_ptr, p_ptr, g_ptr, beta_ptr, dot_ptr, dt_ptr, n, k, BLOCK: tl.constexpr,
+                       ACC: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # offsets past 2^31 elements for large batches
+    s_row = s_ptr + (row // k) * n
+    t = tl.load(t_ptr + row).to(ACC)
+    beta = tl.load(beta_ptr)
+    acc = tl.zeros((BLOCK,), dtype=ACC)
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < n
+        p = tl.load(p_ptr + row * n + offs, mask=mask, other=0.0).to(ACC)
+        g = tl.load(g_ptr + row * n + offs, mask=mask, other=0.0).to(ACC)
+        acc += p * g
+    dot = tl.sum(acc, axis=0)
+    dt = tl.zeros((BLOCK,), dtype=ACC)
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < n
+        s = tl.load(s_row + offs, mask=mask, other=0.0).to(ACC)
+        p = tl.load(p_ptr + row * n + offs, mask=mask, other=0.0).to(ACC)
+        g = tl.load(g_ptr + row * n + offs, mask=mask, other=0.0).to(ACC)
+        dt += _sign(s - t) * (p * (g - dot))  # p = 0 past the end
+    tl.store(dot_ptr + row, dot)
+    tl.store(dt_ptr + row, tl.sum(dt, axis=0) * beta)
+
+
+@triton.jit
+def _softsort_bwd_items(s_ptr, t_ptr, p_ptr, g_ptr, beta_ptr, dot_ptr, ds_ptr, n, k, BLOCK: tl.constexpr,
+                        ACC: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)  # offsets past 2^31 elements for large batches
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    s = tl.load(s_ptr + b * n + offs, mask=mask, other=0.0).to(ACC)
+    ds = tl.zeros((BLOCK,), dtype=ACC)
     for r in range(0, k):
         row = b * k + r
-        t = tl.load(t_ptr + row).to(tl.float32)
-        acc = tl.zeros((BLOCK,), dtype=tl.float32)
-        for start in range(0, n, BLOCK):
-            p, offs, mask = _load(p_ptr + row * n, start, n, BLOCK)
-            g, offs, mask = _load(g_ptr + row * n, start, n, BLOCK)
-            acc += p * g
-        dot = tl.sum(acc, axis=0)
-        dt = tl.zeros((BLOCK,), dtype=tl.float32)
-        for start in range(0, n, BLOCK):
-            s, offs, mask = _load(s_ptr + b * n, start, n, BLOCK)
-            p, offs, mask = _load(p_ptr + row * n, start, n, BLOCK)
-            g, offs, mask = _load(g_ptr + row * n, start, n, BLOCK)
-            dlogit = p * (g - dot)
-            diff = s - t
-            sgn = tl.where(diff > 0, 1.0, tl.where(diff < 0, -1.0, 0.0))
-            ds = tl.load(ds_ptr + b * n + offs, mask=mask, other=0.0)
-            tl.store(ds_ptr + b * n + offs, ds - beta * sgn * dlogit, mask=mask)
-            dt += tl.where(mask, beta * sgn * dlogit, 0.0)
-        tl.store(dt_ptr + row, tl.sum(dt, axis=0))
+        t = tl.load(t_ptr + row).to(ACC)
+        dot = tl.load(dot_ptr + row)
+        p = tl.load(p_ptr + row * n + offs, mask=mask, other=0.0).to(ACC)
+        g = tl.load(g_ptr + row * n + offs, mask=mask, other=0.0).to(ACC)
+        ds += _sign(s - t) * (p * (g - dot))
+    beta = tl.load(beta_ptr)
+    tl.store(ds_ptr + b * n + offs, -beta * ds, mask=mask)
 
 
 def _block(n: int) -> int:
-    return min(4096, triton.next_power_of_2(max(int(n), 16)))
+    return min(1024, triton.next_power_of_2(max(int(n), 16)))
+
+
+def _acc(dtype: torch.dtype):
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _acc_torch(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 class _SoftSortRows(torch.autograd.Function):
@@ -79,33 +115,50 @@ class _SoftSortRows(torch.autograd.Function):
         B, n = s.shape
         k = t.shape[1]
         p = torch.empty(B, k, n, dtype=scores.dtype, device=scores.device)
-        _softsort_fwd[(B * k,)](s, t, p, n, k, float(beta), BLOCK=_block(n))
-        ctx.save_for_backward(s, t, p)
-        ctx.beta = float(beta)
+        # β as a tensor: a Python float argument would reach the kernel rounded to float32
+        beta_t = torch.full((1,), beta, dtype=_acc_torch(s.dtype), device=s.device)  # a fill: no host copy
+        _softsort_fwd[(B * k,)](s, t, p, beta_t, n, k, BLOCK=_block(n), ACC=_acc(s.dtype))
+        ctx.save_for_backward(s, t, p, beta_t)
         return p
 
     @staticmethod
+    @once_differentiable  # the kernels are not differentiable again: refuse double backward
     def backward(ctx, grad: Tensor):
-        s, t, p = ctx.saved_tensors
+        s, t, p, beta_t = ctx.saved_tensors
         B, n = s.shape
         k = t.shape[1]
-        ds = torch.zeros(B, n, dtype=torch.float32, device=s.device)
-        dt = torch.empty(B, k, dtype=torch.float32, device=s.device)
-        _softsort_bwd[(B,)](s, t, p, grad.contiguous(), ds, dt, n, k, ctx.beta, BLOCK=_block(n))
+        g = grad.contiguous()
+        acc = _acc_torch(s.dtype)
+        dot = torch.empty(B * k, dtype=acc, device=s.device)
+        dt = torch.empty(B, k, dtype=acc, device=s.device)
+        ds = torch.empty(B, n, dtype=acc, device=s.device)
+        block = _block(n)
+        _softsort_bwd_rows[(B * k,)](s, t, p, g, beta_t, dot, dt, n, k, BLOCK=block, ACC=_acc(s.dtype))
+        item_block = min(block, 256)
+        _softsort_bwd_items[(B, triton.cdiv(n, item_block))](s, t, p, g, beta_t, dot, ds, n, k, BLOCK=item_block,
+                                                             ACC=_acc(s.dtype))
         return ds.to(s.dtype), dt.to(t.dtype), None
 
 
 def softsort_topk_rows(scores: Tensor, k: int, beta: float) -> Tensor:
-    """Top ``k`` rows of the SoftSort matrix with fused Triton kernels (forward and backward).
+    """Top ``k`` rows of the SoftSort matrix with fused Triton kernels (Prillo & Eisenschlos 2020, Eq. 3).
 
     Args:
         scores: ``(B, n)`` float16 / bfloat16 / float32 / float64 on a CUDA device (or the CPU under
-            ``TRITON_INTERPRET=1``); validated by the caller.
-        k: number of rows, ``1 <= k <= n``.
-        beta: inverse temperature β > 0.
+            ``TRITON_INTERPRET=1``); validated by the caller (finite, ``n >= 1``).
+        k: number of rows (ranks 1..k, rank 1 = largest score), ``1 <= k <= n``.
+        beta: inverse temperature β = 1/τ > 0.
 
     Returns:
-        ``(B, k, n)`` of the scores' dtype (accumulation in float32); rows sum to 1.
+        ``(B, k, n)`` of the scores' dtype, P[r, j] = softmax_j(-β |t_r - s_j|) with t_r the r-th largest
+        score; rows sum to 1. Computed in float32 (float64 for float64 scores).
+
+    Raises:
+        ValueError: if ``scores`` is not 2-D or ``k`` is outside ``[1, n]``.
     """
-    top = scores.topk(k, dim=-1, sorted=True).values
-    return _SoftSortRows.apply(scores, top, beta)
+    if scores.dim() != 2:
+        raise ValueError(f"scores must be (B, n), got {tuple(scores.shape)}")
+    if not 1 <= int(k) <= scores.shape[1]:
+        raise ValueError(f"k must satisfy 1 <= k <= n = {scores.shape[1]}, got {k}")
+    top = scores.topk(int(k), dim=-1, sorted=True).values
+    return _SoftSortRows.apply(scores, top, float(beta))

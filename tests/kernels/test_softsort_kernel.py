@@ -1,48 +1,110 @@
-"""The fused SoftSort Triton kernels against the PyTorch path (interpreter on the CPU)."""
+"""The fused SoftSort Triton kernels against the PyTorch path (interpreter on the CPU, compiled on CUDA)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+from torch import Tensor
 
 from diffrank.operators.softsort import SoftSort
 
 pytestmark = pytest.mark.triton
 
+# the kernels run compiled on CUDA tensors, and on CPU tensors only under the interpreter (tests/conftest.py
+# sets TRITON_INTERPRET=1 where there is no GPU); DEVICE hosts the tests that run on one device only
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
+ON_DEVICE = pytest.mark.skipif(DEVICE == "cpu" and not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
+DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRET, reason="CPU kernels need TRITON_INTERPRET=1")),
+           pytest.param("cuda", marks=[pytest.mark.gpu,
+                                       pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])]
 
-@pytest.mark.parametrize("n,k", [(5, 1), (37, 4), (300, 5)])
+
+def _both(s: Tensor, k: int, beta: float = 1.7) -> list[tuple[Tensor, Tensor]]:
+    """P and ∂⟨P, W⟩/∂s from the PyTorch path and from the kernels, for the same weights W."""
+    out = []
+    w = None
+    for backend in ("torch", "triton"):
+        x = s.clone().requires_grad_()
+        p = SoftSort(beta=beta, backend=backend)(x, k=k)
+        if w is None:
+            w = torch.randn(p.shape, generator=torch.Generator().manual_seed(1)).to(p)
+        (p.float() * w.float()).sum().backward()
+        out.append((p, x.grad))
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,k", [(1, 1), (5, 1), (37, 4), (37, 37), (300, 5)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_forward_backward_match_pytorch(n, k, dtype):
-    g = torch.Generator().manual_seed(n)
-    s = torch.randn(3, n, generator=g, dtype=dtype)
-    ref, fused = SoftSort(beta=1.7, use_triton=False), SoftSort(beta=1.7, use_triton=True)
-    a, b = s.clone().requires_grad_(), s.clone().requires_grad_()
-    pa, pb = ref(a, k=k), fused(b, k=k)
-    w = torch.randn(pa.shape, generator=g, dtype=dtype)
-    (pa * w).sum().backward()
-    (pb * w).sum().backward()
+def test_forward_backward_match_pytorch(n, k, dtype, device):
+    s = torch.randn(3, n, generator=torch.Generator().manual_seed(n), dtype=dtype).to(device)
+    (pa, ga), (pb, gb) = _both(s, k)
     assert pb.shape == (3, k, n) and pb.dtype == dtype
+    torch.testing.assert_close(pb, pa, atol=1e-5 if dtype == torch.float32 else 1e-12, rtol=1e-5)
+    torch.testing.assert_close(gb, ga, atol=1e-5 if dtype == torch.float32 else 1e-12, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ties_get_the_gradient_of_pytorch(device):
+    """Equal scores: sign(0) = 0 in both paths, and t_r's gradient reaches the item topk picked."""
+    s = torch.tensor([[0.5, 0.5, -1.0, 2.0, 0.5]], device=device)
+    (pa, ga), (pb, gb) = _both(s, 3, beta=0.9)
     torch.testing.assert_close(pb, pa, atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(gb, ga, atol=1e-6, rtol=1e-5)
 
 
-def test_half_precision_accumulates_in_float32():
-    s = torch.randn(2, 50)
-    out = SoftSort(beta=1.0, use_triton=True)(s.half(), k=3)
-    assert out.dtype == torch.float16
-    torch.testing.assert_close(out.float(), SoftSort(beta=1.0)(s.half().float(), k=3), atol=2e-3, rtol=0)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_matches_pytorch(dtype, device):
+    """The operator computes half precision in float32, so float32 reaches the kernel; result in ``dtype``."""
+    s = torch.randn(2, 50, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+    (pa, ga), (pb, gb) = _both(s, 3, beta=1.0)
+    assert pb.dtype == dtype and gb.dtype == dtype
+    torch.testing.assert_close(pb.float(), pa.float(), atol=1e-3, rtol=1e-2)
+    torch.testing.assert_close(gb.float(), ga.float(), atol=1e-2, rtol=1e-2)
 
 
-def test_power_other_than_one_is_refused():
-    with pytest.raises(ValueError, match="power = 1"):
-        SoftSort(power=2.0, use_triton=True)
-
-
-def test_kernel_on_half_inputs_directly():
-    """The operator computes half precision in float32; the kernel itself also takes half inputs."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@ON_DEVICE
+def test_kernel_on_half_inputs_directly(dtype):
+    """The kernel itself also takes half inputs (loaded into float32, stored in ``dtype``)."""
     from diffrank.kernels.softsort import softsort_topk_rows
 
-    s = torch.randn(2, 50)
-    out = softsort_topk_rows(s.half(), 3, 1.0)
-    assert out.dtype == torch.float16
-    torch.testing.assert_close(out.float(), softsort_topk_rows(s.half().float(), 3, 1.0), atol=2e-3, rtol=0)
+    s = torch.randn(2, 50, generator=torch.Generator().manual_seed(0)).to(DEVICE, dtype)
+    out = softsort_topk_rows(s, 3, 1.0)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), softsort_topk_rows(s.float(), 3, 1.0), atol=1e-3, rtol=1e-2)
+
+
+def test_power_other_than_one_is_refused_by_triton_only():
+    with pytest.raises(ValueError, match="power = 1"):
+        SoftSort(power=2.0, backend="triton")
+    s = torch.randn(2, 6)
+    torch.testing.assert_close(SoftSort(power=2.0, backend="auto")(s, k=2),
+                               SoftSort(power=2.0, backend="torch")(s, k=2))
+
+
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+def test_torch_backend_never_calls_triton_on_cpu(backend, monkeypatch):
+    import diffrank.kernels.softsort as kernel
+
+    def boom(*args, **kwargs):
+        raise AssertionError("the Triton kernel was called")
+
+    monkeypatch.setattr(kernel, "softsort_topk_rows", boom)
+    p = SoftSort(beta=1.0, backend=backend)(torch.randn(2, 7), k=3)
+    assert p.shape == (2, 3, 7)
+
+
+def test_unknown_backend_raises():
+    with pytest.raises(ValueError, match="backend"):
+        SoftSort(backend="bogus")
+
+
+def test_triton_on_cpu_without_the_interpreter_raises(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        SoftSort(backend="triton")(torch.randn(2, 4), k=2)

@@ -25,6 +25,10 @@ Backward passes are closed-form VJPs in custom ``torch.autograd.Function``s (App
 never autodiff through the forward: top-k O(M n), rank O(n log n) (prefix sums of e^{±u}·v in log space
 instead of the official O(n²) loop), inverse / sort O(n log n) (sweep over merged sorted thresholds and
 knots). Half-precision inputs are computed in float32 and cast back (by :class:`RankingOperator`).
+
+Triton (``backend``): :mod:`diffrank.kernels.lapsum` computes the knot sums as fused forward / reverse scans
+of linear recurrences, the inverse by a binary search and the same closed form, the top-k membership and
+its VJP, the soft-rank VJP and the inverse's VJP (soft sort / permutation backward) as scans again.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from diffrank.operators.backend import check_backend, use_triton
 from diffrank.operators.base import Check, RankingOperator
 
 _DENSE_MAX_TARGETS = 32  # below this many thresholds per row, the (B, M, n) dense VJP is cheaper than the sweep
@@ -210,7 +215,8 @@ class _LapSumRank(torch.autograd.Function):
         return _unsort(0.5 * ctx.beta * acc, order), None
 
 
-def lapsum_topk(scores: Tensor, k: float | Tensor, beta: float, largest: bool = True) -> Tensor:
+def lapsum_topk(scores: Tensor, k: float | Tensor, beta: float, largest: bool = True,
+                backend: str = "auto") -> Tensor:
     """LapSum soft top-k membership with real-valued k (Struski et al. 2025, Thm 3.3, eq. (3)).
 
     p_i = F_α(Lap_s⁻¹(k) - s_i), α = -1/β (largest) or +1/β (smallest); Σ_i p_i = k exactly. A functional
@@ -222,14 +228,15 @@ def lapsum_topk(scores: Tensor, k: float | Tensor, beta: float, largest: bool = 
             in (0, n]. A tensor k that requires grad receives ∂L/∂k = ⟨v, π⟩ (π = softmax(-|x|), App. C.2).
         beta: inverse temperature β = 1/|α| > 0.
         largest: True selects the largest scores (α < 0); False the smallest (p(s, k, +α) = p(-s, k, -α)).
+        backend: ``"auto"`` | ``"torch"`` | ``"triton"``, as for :class:`LapSum`.
 
     Returns:
         ``(B, n)`` for a scalar or ``(B,)`` k, ``(B, M, n)`` for a ``(B, M)`` k; dtype of ``scores``.
 
     Raises:
-        TypeError / ValueError: bad scores, beta <= 0, k outside (0, n] or of another shape.
+        TypeError / ValueError: bad scores, beta <= 0, k outside (0, n] or of another shape, or a bad backend.
     """
-    op = LapSum(beta)
+    op = LapSum(beta, backend=backend)
     matrix = isinstance(k, Tensor) and k.dim() == 2
     if isinstance(k, Tensor) and k.dim() == 1:
         k = k.unsqueeze(-1)  # (B,) -> (B, 1): one k per row
@@ -242,18 +249,38 @@ class LapSum(RankingOperator):
 
     Args:
         beta: inverse temperature β = 1/|α| > 0 (paper grid α ∈ {-1.5, -1, -0.5, -0.2, -0.1}).
+        backend: ``"auto"`` (the Triton kernels of :mod:`diffrank.kernels.lapsum` on CUDA inputs, PyTorch
+            elsewhere) | ``"torch"`` | ``"triton"`` (CPU only under ``TRITON_INTERPRET=1``). Every method
+            runs in kernels, forward and backward.
 
     Shapes: ``forward(scores (B, n), k)`` → ``(B, k or n, n)`` doubly stochastic (rows = ranks,
     rank 1 = largest); ``topk_membership(scores, ks)`` → ``(B, M, n)`` with row sums exactly k, for real
     ks (see :meth:`_check_ks`); ``soft_rank`` / ``soft_sort`` → ``(B, n)``.
 
     Raises:
-        ValueError: for a non-positive beta; see :class:`RankingOperator` for input errors.
+        ValueError: for a non-positive beta or an unknown backend; see :class:`RankingOperator` for input
+            errors.
     """
 
     doubly_stochastic = True
     permutation_equivariant = True
     hard_beta = 100.0
+
+    def __init__(self, beta: float = 1.0, backend: str = "auto") -> None:
+        super().__init__(beta)
+        self.backend = check_backend(backend)
+
+    def extra_repr(self) -> str:
+        """β and the backend."""
+        return f"beta={self.beta}, backend={self.backend!r}"
+
+    def _inverse(self, s: Tensor, w: Tensor) -> Tensor:
+        """b = Lap_s⁻¹(w) in score units, ``(B, M)``, from the kernel or the PyTorch path."""
+        if use_triton(self.backend, s):
+            from diffrank.kernels.lapsum import lapsum_inverse
+
+            return lapsum_inverse(s, w, self.beta)
+        return _LapSumInverse.apply(s, w, self.beta)
 
     def _permutation(self, s: Tensor, k: int | None) -> Tensor:
         """Rows of P[j, i] = F(x_j,i) - F(x_{j-1},i), x_j,i = β(s_i - b_j), b_j = Lap⁻¹(j) (Def. 3.5)."""
@@ -264,7 +291,7 @@ class LapSum(RankingOperator):
         if m == 0:
             return (s.new_ones(B, 1, n) if r == n else zero)[:, :r]
         w = torch.arange(1, m + 1, dtype=s.dtype, device=s.device).expand(B, m)
-        b = _LapSumInverse.apply(s, w, self.beta)
+        b = self._inverse(s, w)
         x = self.beta * (s.unsqueeze(-2) - b.unsqueeze(-1))  # (B, m, n), increasing in j
         full = r == n
         cdf = torch.cat([zero, _laplace_cdf(x)] + ([s.new_ones(B, 1, n)] if full else []), dim=-2)
@@ -311,14 +338,23 @@ class LapSum(RankingOperator):
     def _topk_membership(self, s: Tensor, ks: list[float] | Tensor) -> Tensor:
         """Soft top-k memberships p = F_α(Lap⁻¹(k) - s) for each k (Thm 3.3); rows sum to k exactly."""
         kt = ks.to(s.dtype) if isinstance(ks, Tensor) else torch.tensor(ks, dtype=s.dtype, device=s.device)
-        return _LapSumTopK.apply(s, kt.expand(s.shape[0], kt.shape[-1]), self.beta)
+        kt = kt.expand(s.shape[0], kt.shape[-1])
+        if use_triton(self.backend, s):
+            from diffrank.kernels.lapsum import lapsum_topk as kernel_topk
+
+            return kernel_topk(s, kt, self.beta)
+        return _LapSumTopK.apply(s, kt, self.beta)
 
     def _soft_rank(self, s: Tensor) -> Tensor:
         """Soft ranks R_i = 1 + Σ_{j≠i} F(β(s_j - s_i)) (Thm 3.2; rank 1 = largest, Σ R = n(n+1)/2)."""
+        if use_triton(self.backend, s):
+            from diffrank.kernels.lapsum import lapsum_rank
+
+            return lapsum_rank(s, self.beta)
         return _LapSumRank.apply(s, self.beta)
 
     def _soft_sort(self, s: Tensor) -> Tensor:
         """Soft sort, descending: sort_i = Lap_s⁻¹(i - ½) (§3.2 "soft orderings"); not sum-preserving."""
         B, n = s.shape
         w = (torch.arange(n, dtype=s.dtype, device=s.device) + 0.5).expand(B, n)
-        return _LapSumInverse.apply(s, w, self.beta)
+        return self._inverse(s, w)

@@ -28,6 +28,14 @@ item-marginal error max_{r,i} |Σ_j Γ_rij / μ_ri - 1| is read (one host synchr
 loop stops below ``tolerance``; ``tolerance = None`` runs exactly ``max_iter`` iterations (annealing
 included). The iterations are plain tensor operations, so autograd differentiates through them
 (Cuturi et al. 2019, §3) unless the caller runs them under its own backward (SOFT top-k).
+
+**Fused kernel.** With ``kernel=True`` (SinkhornSort with ``backend`` ``"triton"``, or ``"auto"`` on CUDA)
+the iterations run in the Triton kernel of ``kernels/sinkhorn.py``: one program per batch row keeps its cost
+tile and potentials on chip for every iteration between two checks (n, m <= 128; larger problems run the
+PyTorch loop). It runs the same iterations with the same ε and the same checks. Its backward is the reverse
+sweep that autograd takes through the PyTorch loop, fused in a second kernel over the potentials the forward
+recorded (n + m numbers per iteration instead of several n x m tensors), so the gradient is the PyTorch
+path's. It is differentiable once (no double backward).
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 
 @dataclass(frozen=True)
@@ -76,8 +85,37 @@ class SinkhornSchedule:
                 object.__setattr__(self, name, float(getattr(self, name)))
 
 
+def _epsilon_schedule(cost: Tensor, epsilon: float, schedule: SinkhornSchedule,
+                      cost_scale: float | None) -> tuple[Tensor | float, int]:
+    """ε_0 (a float, or per row ``(R, 1, 1)`` when the scale is the rows' largest cost) and the number of
+    iterations with ε_t > ε for some row (one host read when ε_0 is per row)."""
+    start: Tensor | float = epsilon
+    if schedule.epsilon_start is not None and cost_scale is not None:
+        start = max(epsilon, schedule.epsilon_start * cost_scale)
+    elif schedule.epsilon_start is not None:
+        start = (schedule.epsilon_start * cost.detach().amax(dim=(1, 2), keepdim=True)).clamp_min(epsilon)
+    top = start if isinstance(start, float) else float(start.max())  # one host read for the schedule's length
+    scaling = math.ceil(math.log(epsilon / top) / math.log(schedule.anneal)) if top > epsilon else 0
+    return start, scaling
+
+
+def _epsilon_at(it: int, start: Tensor | float, scaling: int, epsilon: float,
+                schedule: SinkhornSchedule) -> Tensor | float:
+    """ε of iteration ``it`` (0-based): max(ε, anneal^it · ε_0) during the scaling, then ε."""
+    if it >= scaling:
+        return epsilon
+    decayed = start * schedule.anneal ** it
+    return max(epsilon, decayed) if isinstance(decayed, float) else decayed.clamp_min(epsilon)
+
+
+def _is_check(it: int, scaling: int, schedule: SinkhornSchedule) -> bool:
+    """Whether the marginal error is read after ``it`` iterations (1-based count)."""
+    return schedule.tolerance is not None and (it > scaling and it % schedule.check_every == 0
+                                               or it == schedule.max_iter)
+
+
 def log_sinkhorn(cost: Tensor, log_mu: Tensor, log_nu: Tensor, epsilon: float, schedule: SinkhornSchedule,
-                 cost_scale: float | None = None) -> tuple[Tensor, int, float]:
+                 cost_scale: float | None = None, kernel: bool = False) -> tuple[Tensor, int, float]:
     """log Γ of the entropic OT plan by log-domain Sinkhorn with the ε schedule of the module docstring.
 
     Args:
@@ -87,40 +125,107 @@ def log_sinkhorn(cost: Tensor, log_mu: Tensor, log_nu: Tensor, epsilon: float, s
         schedule: iteration settings.
         cost_scale: the cost scale c of the ε schedule (an upper bound of the entries of ``cost``), or
             ``None`` for each row's largest entry (one host read).
+        kernel: run the iterations in the fused Triton kernel (``kernels/sinkhorn.py``; CUDA, or the CPU
+            under ``TRITON_INTERPRET=1``) when ``n, m <= 128``, else (and by default) as PyTorch operations.
+            Same result and gradient (see the module docstring).
 
     Returns:
         ``(log Γ (R, n, m), iterations used, last measured item-marginal error)``; the error is ``nan``
         when ``schedule.tolerance`` is None. log Γ is formed with the last ε used (ε itself unless
         ``max_iter`` ran out during the scaling).
     """
+    if kernel:
+        from diffrank.kernels.sinkhorn import MAX_SIZE
+
+        if max(cost.shape[1], cost.shape[2]) <= MAX_SIZE:
+            return _log_sinkhorn_fused(cost, log_mu, log_nu, epsilon, schedule, cost_scale)
     R, n, m = cost.shape
     log_mu, log_nu = log_mu.unsqueeze(-1), log_nu.unsqueeze(-2)  # (R, n, 1), (R, 1, m)
     f = cost.new_zeros(R, n, 1)
     g = cost.new_zeros(R, 1, m)
-    start: Tensor | float = epsilon  # ε_0, per row (R, 1, 1) when the scale is the rows' largest cost
-    if schedule.epsilon_start is not None and cost_scale is not None:
-        start = max(epsilon, schedule.epsilon_start * cost_scale)
-    elif schedule.epsilon_start is not None:
-        start = (schedule.epsilon_start * cost.detach().amax(dim=(1, 2), keepdim=True)).clamp_min(epsilon)
-    top = start if isinstance(start, float) else float(start.max())  # one host read for the schedule's length
-    scaling = math.ceil(math.log(epsilon / top) / math.log(schedule.anneal)) if top > epsilon else 0
+    start, scaling = _epsilon_schedule(cost, epsilon, schedule, cost_scale)
     it, err = 0, float("nan")
     eps: Tensor | float = epsilon
     while it < schedule.max_iter:
-        if it < scaling:  # iterations at ε_t = max(ε, anneal^t · ε_0) > ε for some row
-            decayed = start * schedule.anneal ** it
-            eps = max(epsilon, decayed) if isinstance(decayed, float) else decayed.clamp_min(epsilon)
-        else:
-            eps = epsilon
+        eps = _epsilon_at(it, start, scaling, epsilon, schedule)
         f = eps * log_mu - eps * torch.logsumexp((g - cost) / eps, dim=2, keepdim=True)
         g = eps * log_nu - eps * torch.logsumexp((f - cost) / eps, dim=1, keepdim=True)
         it += 1
-        at_target = it > scaling
-        if schedule.tolerance is None or not (at_target and it % schedule.check_every == 0 or it == schedule.max_iter):
+        if not _is_check(it, scaling, schedule):
             continue
         with torch.no_grad():
             row = torch.logsumexp((f + g - cost) / eps, dim=2, keepdim=True)
             err = float((torch.exp(row - log_mu) - 1).abs().max())
-        if at_target and err < schedule.tolerance:
+        if it > scaling and err < schedule.tolerance:
             break
     return (f + g - cost) / eps, it, err
+
+
+def _log_sinkhorn_fused(cost: Tensor, log_mu: Tensor, log_nu: Tensor, epsilon: float, schedule: SinkhornSchedule,
+                        cost_scale: float | None) -> tuple[Tensor, int, float]:
+    """:func:`log_sinkhorn` with the iterations in the Triton kernel: one launch per marginal check."""
+    info: dict = {}
+    log_t = _FusedSinkhorn.apply(cost, log_mu, log_nu, epsilon, schedule, cost_scale, info)
+    return log_t, info["iterations"], info["error"]
+
+
+def _epsilon_table(steps: list, like: Tensor) -> Tensor:
+    """The ε of a run of iterations as the kernel reads it: ``(1, T)`` when every ε is a Python float (rounded
+    to the cost dtype, as PyTorch does with a scalar operand), else ``(R, T)`` from the per-row values."""
+    if all(isinstance(e, float) for e in steps):
+        return torch.tensor(steps, dtype=like.dtype, device=like.device).view(1, -1)
+    R = like.shape[0]
+    return torch.cat([e.reshape(R, 1).to(like.dtype) if isinstance(e, Tensor) else like.new_full((R, 1), e)
+                      for e in steps], dim=1)
+
+
+class _FusedSinkhorn(torch.autograd.Function):
+    """log Γ by the kernel's iterations (the schedule and checks of :func:`log_sinkhorn`); the backward runs
+    the kernel's reverse sweep over the recorded potentials. ``info`` receives the iterations and the error."""
+
+    @staticmethod
+    def forward(ctx, cost, log_mu, log_nu, epsilon, schedule, cost_scale, info):
+        from diffrank.kernels.sinkhorn import sinkhorn_updates
+
+        R, n, m = cost.shape
+        history = any(ctx.needs_input_grad[:3])
+        start, scaling = _epsilon_schedule(cost, epsilon, schedule, cost_scale)
+        f = cost.new_zeros(R, n)
+        g = cost.new_zeros(R, m)
+        it, err, runs = 0, float("nan"), []
+        while it < schedule.max_iter:
+            end = it + 1  # the run ends at the next check (or at max_iter)
+            while end < schedule.max_iter and not _is_check(end, scaling, schedule):
+                end += 1
+            steps = [_epsilon_at(t, start, scaling, epsilon, schedule) for t in range(it, end)]
+            table = _epsilon_table(steps, cost)
+            check = _is_check(end, scaling, schedule)
+            rows, past = sinkhorn_updates(cost, log_mu, log_nu, f, g, table, check, history)
+            if history:
+                runs.append((table, *past))
+            it = end
+            if check:
+                err = float(rows.max())
+                if it > scaling and err < schedule.tolerance:
+                    break
+        eps = steps[-1]
+        info["iterations"], info["error"] = it, err
+        ctx.eps, ctx.runs = eps, runs
+        ctx.shapes = (log_mu.shape, log_nu.shape)
+        ctx.save_for_backward(cost)
+        return (f.unsqueeze(-1) + g.unsqueeze(-2) - cost) / eps
+
+    @staticmethod
+    @once_differentiable  # the kernels are not differentiable again: refuse double backward
+    def backward(ctx, grad):
+        from diffrank.kernels.sinkhorn import sinkhorn_backward
+
+        (cost,) = ctx.saved_tensors
+        acc = torch.float64 if cost.dtype == torch.float64 else torch.float32
+        scaled = grad.to(acc) / ctx.eps  # log Γ = (f + g - C) / ε_last
+        d_cost, d_mu, d_nu = sinkhorn_backward(cost, ctx.runs, (-scaled).contiguous(), scaled.sum(2).contiguous(),
+                                               scaled.sum(1).contiguous())
+        mu_shape, nu_shape = ctx.shapes
+        d_mu = d_mu.sum(0, keepdim=True) if mu_shape[0] == 1 else d_mu  # log μ broadcast over the rows
+        d_nu = d_nu.sum(0, keepdim=True) if nu_shape[0] == 1 else d_nu
+        return d_cost.to(cost.dtype), d_mu.to(cost.dtype), d_nu.to(cost.dtype), None, None, None, None

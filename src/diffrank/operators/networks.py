@@ -138,6 +138,39 @@ class Network:
             self._cache[key] = torch.from_numpy(self.out_perm).to(device)
         return self._cache[key]
 
+    def layer_tables(self, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+        """The layers as small index tables for the fused kernels (``kernels/networks.py``), cached per device.
+
+        A layer object that repeats (the two odd-even layers) is stored once, so the tables take O(U·n)
+        memory for U distinct layers, not O(L·n).
+
+        Returns:
+            ``partner`` ``(U, n)`` int32 (as :meth:`Layer.tensors`: ``partner[hi] = lo``, ``partner[lo] = hi``,
+            idle wires map to themselves); ``sign`` ``(U, n)`` int8 (+1 on ``hi``, -1 on ``lo``, 0 idle);
+            ``index`` ``(L,)`` int32, the table row of layer t in execution order.
+        """
+        key = ("tables", torch.device(device))
+        out = self._cache.get(key)
+        if out is None:
+            rows: dict[int, int] = {}
+            unique: list[Layer] = []
+            index = []
+            for layer in self.layers:
+                if id(layer) not in rows:
+                    rows[id(layer)] = len(unique)
+                    unique.append(layer)
+                index.append(rows[id(layer)])
+            partner = np.tile(np.arange(self.n, dtype=np.int32), (max(len(unique), 1), 1))
+            sign = np.zeros((max(len(unique), 1), self.n), dtype=np.int8)
+            for u, layer in enumerate(unique):
+                partner[u, layer.hi] = layer.lo
+                partner[u, layer.lo] = layer.hi
+                sign[u, layer.hi] = 1
+                sign[u, layer.lo] = -1
+            out = tuple(torch.from_numpy(a).to(device) for a in (partner, sign, np.asarray(index, dtype=np.int32)))
+            self._cache[key] = out
+        return out
+
 
 def _check_n(n: int) -> int:
     if isinstance(n, bool) or int(n) != n or n < 1:

@@ -6,7 +6,9 @@ A_s 1 the row sums Σ_l |s_j - s_l| (Grover et al. 2019, Eq. 5; Petersen et al. 
 
 Why it is fast: the row sums come from one sort and prefix sums (O(n log n)) instead of the n x n
 matrix A_s (difftopk forms A_s and multiplies it by a ones matrix, O(n³)); only the requested r rows
-are ever formed, so time and memory are O(B · r · n).
+are ever formed, so time and memory are O(B · r · n). With ``backend`` ``"triton"`` (or ``"auto"`` on CUDA)
+the rows come from fused kernels (``kernels/neuralsort.py``: a streaming softmax per rank row, the logits
+never stored) and the row sums still from the sort here, so no n x n tensor exists forward or backward.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from diffrank.operators.backend import check_backend, use_triton
 from diffrank.operators.base import RankingOperator
 
 
@@ -43,22 +46,35 @@ class NeuralSort(RankingOperator):
 
     Args:
         beta: inverse temperature β = 1/τ (Grover et al.'s τ); > 0.
+        backend: ``"auto"`` (Triton kernels on CUDA inputs, PyTorch elsewhere), ``"torch"`` or ``"triton"``
+            (see :mod:`diffrank.operators.backend`); both compute the same rows.
 
     Shapes: ``forward(scores (B, n), k)`` → ``(B, k or n, n)``; each row sums to 1 (a softmax);
     columns sum to ≈ 1 only (Grover et al. 2019, §3: P̂ is unimodal row-stochastic).
 
     Raises:
-        ValueError: for beta <= 0; see :class:`RankingOperator` for input errors.
+        ValueError: for beta <= 0 or an unknown backend; see :class:`RankingOperator` for input errors.
     """
 
     permutation_equivariant = True
     hard_beta = 200.0
 
+    def __init__(self, beta: float = 1.0, backend: str = "auto") -> None:
+        super().__init__(beta)
+        self.backend = check_backend(backend)
+
     def _permutation(self, scores: Tensor, k: int | None) -> Tensor:
         """Top ``k`` (or all n) rows of P̂ (Grover et al. 2019, Eq. 5). Shapes as in the class docstring."""
         n = scores.shape[-1]
         r = n if k is None else k
+        if use_triton(self.backend, scores):
+            from diffrank.kernels.neuralsort import neuralsort_topk_rows
+
+            return neuralsort_topk_rows(scores, abs_diff_row_sums(scores), r, self.beta)
         ranks = torch.arange(1, r + 1, device=scores.device, dtype=scores.dtype)
         scale = (n + 1 - 2 * ranks).view(1, r, 1)  # (1, r, 1)
         logits = scale * scores.unsqueeze(1) - abs_diff_row_sums(scores).unsqueeze(1)
         return torch.softmax(logits * self.beta, dim=-1)
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, backend={self.backend!r}"

@@ -28,6 +28,11 @@ plan depends on x only through 2x/ε up to a shift). ε = 1/β.
   makes a row's output depend on the other rows and the gradient ignore the max. ``"none"`` (default)
   keeps C in raw score units; ``"batch"`` reproduces the official code; ``"row"`` uses each row's max.
 
+- Triton (``backend``): :mod:`diffrank.kernels.soft_topk` fuses the Newton solve (one program per sample and
+  k, all iterations on chip) and its implicit-differentiation backward; same plan, same stopping rule, same
+  float64 arithmetic. It covers ``solver="newton"`` only: ``solver="sinkhorn"`` and :func:`soft_topk_sorted`
+  (m > 2 anchors, no 1-D dual) always run the PyTorch path.
+
 The sorted variant (App. B; anchors 0..k, masses 1/n for the first k and (n-k)/n for the last) is
 :func:`soft_topk_sorted`: rows = ranks 1..k (largest first), each row sums to 1. It is a different OT
 problem for each k, so its k rows are *not* the first k rows of a full relaxed permutation; the operator
@@ -42,6 +47,7 @@ import warnings
 import torch
 from torch import Tensor
 
+from diffrank.operators.backend import check_backend, use_triton
 from diffrank.operators.base import TOPK_MEMBERSHIP, RankingOperator, check_beta, check_k, check_scores, compute_dtype
 from diffrank.operators.log_sinkhorn import SinkhornSchedule, log_sinkhorn
 
@@ -263,12 +269,16 @@ class SoftTopK(RankingOperator):
             (tens of iterations; exact item marginals; uses ``max_iter`` and ``tolerance`` only);
             ``"sinkhorn"``: the paper's log-domain Sinkhorn (Alg. 1), with the settings above. The two agree
             to the tolerance; the backward is the same.
+        backend: ``"auto"`` (fused Triton kernels of :mod:`diffrank.kernels.soft_topk` on CUDA inputs, PyTorch
+            elsewhere) | ``"torch"`` | ``"triton"`` (CPU only under ``TRITON_INTERPRET=1``). The kernels
+            implement ``solver="newton"``; with ``"sinkhorn"``, ``"auto"`` runs PyTorch.
 
     Shapes: ``topk_membership(scores (B, n), ks)`` → ``(B, len(ks), n)``; each row sums to k exactly.
     ``last_iterations`` holds the solver iterations used by the last call.
 
     Raises:
-        ValueError: bad beta or settings; ``forward`` (no relaxed permutation, see module docstring).
+        ValueError: bad beta or settings, an unknown backend, or ``backend="triton"`` with
+            ``solver="sinkhorn"``; ``forward`` (no relaxed permutation, see module docstring).
     """
 
     capabilities = frozenset({TOPK_MEMBERSHIP})
@@ -277,9 +287,13 @@ class SoftTopK(RankingOperator):
 
     def __init__(self, beta: float = 10.0, max_iter: int = 2000, tolerance: float | None = 1e-6,
                  check_every: int = 10, cost_normalization: str = "none", epsilon_start: float | None = 1.0,
-                 anneal: float = 0.9, solver: str = "newton") -> None:
+                 anneal: float = 0.9, solver: str = "newton", backend: str = "auto") -> None:
         super().__init__(beta)
         _check_options(cost_normalization, solver)
+        self.backend = check_backend(backend)
+        if backend == "triton" and solver != "newton":
+            raise ValueError("backend='triton' implements solver='newton' only (the Sinkhorn iterations run in "
+                             "PyTorch); use backend='auto' or 'torch'")
         self.schedule = SinkhornSchedule(max_iter, tolerance, check_every, epsilon_start, anneal)
         self.cost_normalization = cost_normalization
         self.solver = solver
@@ -295,6 +309,9 @@ class SoftTopK(RankingOperator):
         if not partial:
             return out
         M = len(partial)
+        if self.solver == "newton" and use_triton(self.backend, scores):
+            return out.index_copy(1, torch.tensor(partial, device=x.device), self._triton_newton(
+                scores, [ks[i] for i in partial], x, y))
         # float64 marginals: k/n rounded to float32 leaves a target the saturated plan of far-apart scores
         # cannot meet (Newton then stops at |Σ A - k| = 0.5)
         kt = torch.tensor([ks[i] for i in partial], dtype=torch.float64, device=x.device)
@@ -307,6 +324,22 @@ class SoftTopK(RankingOperator):
         a = (n * gam[..., 0]).view(B, M, n)
         return out.index_copy(1, torch.tensor(partial, device=x.device), a)
 
+    def _triton_newton(self, scores: Tensor, ks: list[int], x: Tensor, y: Tensor) -> Tensor:
+        """``(B, len(ks), n)`` memberships for ks < n from the fused Newton kernel; warns like the PyTorch path."""
+        from diffrank.kernels.soft_topk import soft_topk_newton
+
+        norm = _cost_norm(x, y, self.cost_normalization).reshape(-1)
+        kt = torch.tensor(ks, dtype=torch.float64, device=x.device)
+        info: dict = {}
+        a = soft_topk_newton(scores, kt, 1.0 / self.beta, norm, self.schedule.max_iter, info)
+        self.last_iterations = info["iterations"]
+        tol = self.schedule.tolerance
+        if tol is not None and not info["error"] < tol:
+            warnings.warn(f"SOFT top-k: the Newton solve stopped with |Σ A - k| {info['error']:.2e} > tolerance "
+                          f"{tol:g} after {info['iterations']} iterations (ε = {1.0 / self.beta:g}); raise max_iter "
+                          "or lower beta", RuntimeWarning, stacklevel=3)
+        return a
+
     def extra_repr(self) -> str:
         return (f"beta={self.beta}, solver={self.solver!r}, cost_normalization={self.cost_normalization!r}, "
-                f"{self.schedule}")
+                f"backend={self.backend!r}, {self.schedule}")

@@ -3,7 +3,9 @@
 P[r, j] = softmax_j(-|s̃_r - s_j| / τ) with s̃ the scores sorted in descending order
 (Prillo & Eisenschlos 2020, Eq. 3 with d = |·|; Petersen et al. 2022 §2.3). τ = 1/β.
 Only the k rows asked for are formed: the top-k values come from ``torch.topk`` (O(n log k)),
-so time and memory are O(B · k · n) rather than difftopk's O(B · n²).
+so time and memory are O(B · k · n) rather than difftopk's O(B · n²). With ``backend`` ``"triton"`` (or
+``"auto"`` on CUDA) and power 1 the rows come from fused kernels (``kernels/softsort.py``) that never store
+the logits.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from diffrank.operators.backend import check_backend, use_triton
 from diffrank.operators.base import RankingOperator
 
 
@@ -20,31 +23,34 @@ class SoftSort(RankingOperator):
     Args:
         beta: inverse temperature β = 1/τ; > 0.
         power: exponent of the distance |s̃_r - s_j| (Prillo & Eisenschlos use 1; difftopk's ``pow``).
-        use_triton: fused Triton kernels (``kernels/softsort.py``) for the top-k rows: ``None`` = on CUDA
-            inputs with power 1, ``True`` = always (CPU needs ``TRITON_INTERPRET=1``), ``False`` = never.
+        backend: ``"auto"`` (the fused Triton kernels of ``kernels/softsort.py`` on CUDA inputs when
+            ``power == 1``, PyTorch otherwise), ``"torch"`` or ``"triton"`` (always the kernels; see
+            :mod:`diffrank.operators.backend`). Both compute the same rows.
 
     Shapes: ``forward(scores (B, n), k)`` → ``(B, k or n, n)``; rows sum to 1, columns ≈ 1.
 
     Raises:
-        ValueError: for beta <= 0 or power <= 0; see :class:`RankingOperator` for input errors.
+        ValueError: for beta <= 0, power <= 0, an unknown backend, or ``backend="triton"`` with
+            ``power != 1`` (the kernels implement |·| only); see :class:`RankingOperator` for input errors.
     """
 
     permutation_equivariant = True
     hard_beta = 100.0
 
-    def __init__(self, beta: float = 1.0, power: float = 1.0, use_triton: bool | None = None) -> None:
+    def __init__(self, beta: float = 1.0, power: float = 1.0, backend: str = "auto") -> None:
         super().__init__(beta)
         if not power > 0:
             raise ValueError(f"power must be > 0, got {power}")
         self.power = float(power)
-        if use_triton and self.power != 1.0:
-            raise ValueError("the Triton kernel implements power = 1 only")
-        self.use_triton = use_triton
+        self.backend = check_backend(backend)
+        if self.backend == "triton" and self.power != 1.0:
+            raise ValueError(f"the Triton kernel implements power = 1 only, got power = {self.power}; "
+                             "use backend='torch' or 'auto'")
 
     def _permutation(self, scores: Tensor, k: int | None) -> Tensor:
         """Top ``k`` (or all n) rows of the SoftSort matrix (Prillo & Eisenschlos 2020, Eq. 3)."""
         r = scores.shape[-1] if k is None else k
-        if self.use_triton or (self.use_triton is None and scores.is_cuda and self.power == 1.0):
+        if self.power == 1.0 and use_triton(self.backend, scores):
             from diffrank.kernels.softsort import softsort_topk_rows
 
             return softsort_topk_rows(scores, r, self.beta)
@@ -55,4 +61,4 @@ class SoftSort(RankingOperator):
         return torch.softmax(-self.beta * dist, dim=-1)
 
     def extra_repr(self) -> str:
-        return f"beta={self.beta}, power={self.power}"
+        return f"beta={self.beta}, power={self.power}, backend={self.backend!r}"

@@ -43,6 +43,11 @@ Cost per call (L layers): full P O(L·B·n²); soft-sorted values O(L·B·n); k 
 ranks O(L·B·m·n) for m rows, never a (B, n, n) matrix (difftopk's dense path needs O(L·B·n²), 15 GB at
 n = 1000, B = 64). The splitter selection network for n = 1000, k = 5 has 22 layers / 5 085 comparators
 where the bitonic sorter has 55 / 27 268.
+
+``backend`` (:mod:`diffrank.operators.backend`): with ``"auto"`` on CUDA or ``"triton"``,
+float32 computations with n <= 4096 run the fused Triton kernels of ``kernels/networks.py`` (one launch for
+the values and the weights of all layers, one for the rows, full P as the rows of I); float64 and larger n
+run the PyTorch path below.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from diffrank.operators.backend import check_backend, use_triton
 from diffrank.operators.base import TOPK_MEMBERSHIP, RankingOperator, check_k
 from diffrank.operators.networks import Network, build
 from diffrank.operators.sigmoids import check_art_lambda, check_sigmoid, swap_slope, swap_weight
@@ -133,7 +139,8 @@ class _Net(torch.autograd.Function):
             ws.append(w)
         out = x if mode == "values" else p
         if mode == "rows":
-            y = y0.expand(B, -1, -1).contiguous()
+            # a copy even when y0 already has B rows: the chain below updates y in place
+            y = y0.expand(B, -1, -1).clone(memory_format=torch.contiguous_format)
             for layer, w in zip(reversed(net.layers), reversed(ws)):
                 if layer.block is not None:
                     yf, ys = _pairs(y, layer.block, 2)
@@ -290,6 +297,9 @@ class ComparatorNetwork(RankingOperator):
         network: ``"odd_even"`` (odd-even transposition, n layers), ``"bitonic"`` (Batcher's bitonic
             sorter, ⌈log2 n⌉(⌈log2 n⌉+1)/2 layers, every n) or ``"splitter_selection"`` (Petersen et al.
             2022, App. B: exact only for the top k, built for k = max(ks)).
+        backend: ``"auto"`` (the fused Triton kernels on CUDA inputs, PyTorch elsewhere), ``"torch"`` (never
+            the kernels) or ``"triton"`` (always, where the kernels apply: float32 work with n <= 4096; on the
+            CPU only under ``TRITON_INTERPRET=1``). Same values and gradients up to float32 rounding.
 
     Capabilities: the sorting networks provide all four; the splitter network only ``"topk_membership"``:
     its rows depend on the k it was built for, so they are not the top rows of one relaxed permutation
@@ -305,14 +315,16 @@ class ComparatorNetwork(RankingOperator):
 
     Raises:
         ValueError: beta <= 0, an unknown sigmoid (the message lists the known ones), λ outside [0, 1], an
-            unknown network.
+            unknown network, an unknown backend or ``"triton"`` without the triton package.
+        RuntimeError: at call time, ``backend="triton"`` on a CPU tensor without ``TRITON_INTERPRET=1``.
     """
 
     permutation_equivariant = False
 
     def __init__(self, beta: float = 10.0, sigmoid: str = "cauchy", art_lambda: float = 0.25,
-                 network: str = "bitonic") -> None:
+                 network: str = "bitonic", backend: str = "auto") -> None:
         super().__init__(beta)
+        self.backend = check_backend(backend)
         if network not in NETWORKS:
             raise ValueError(f"network must be one of {NETWORKS}, got {network!r}")
         self.sigmoid = check_sigmoid(sigmoid)
@@ -344,7 +356,21 @@ class ComparatorNetwork(RankingOperator):
         k = check_k(k, n)
         return self._permutation(self._compute_input(scores), k).to(scores.dtype)
 
+    def _kernel(self, x: Tensor) -> bool:
+        """Whether this call runs the fused Triton kernels (backend, device, dtype and n permitting)."""
+        if not use_triton(self.backend, x):
+            return False
+        from diffrank.kernels.networks import supports
+
+        return supports(x.shape[1], x.dtype)
+
     def _run(self, net: Network, x: Tensor, mode: str, y0: Tensor | None = None) -> Tensor:
+        if net.layers and self._kernel(x):
+            from diffrank.kernels.networks import network_kernel
+
+            if mode == "full":  # P = I·M_T ⋯ M_1: the rows of the identity through the bidirectional pass
+                mode, y0 = "rows", torch.eye(net.n, dtype=x.dtype, device=x.device).unsqueeze(0)
+            return network_kernel(net, x, self.beta, self.sigmoid, self.art_lambda, mode, y0)
         return run_network(net, x, self.beta, self.sigmoid, self.art_lambda, mode, y0)
 
     def _rows(self, x: Tensor, k: int | None, w_out: Tensor) -> Tensor:
@@ -384,4 +410,5 @@ class ComparatorNetwork(RankingOperator):
         return self._rows(x, None, torch.arange(1, x.shape[1] + 1).unsqueeze(0)).squeeze(1)
 
     def extra_repr(self) -> str:
-        return f"beta={self.beta}, sigmoid={self.sigmoid!r}, art_lambda={self.art_lambda}, network={self.network!r}"
+        return (f"beta={self.beta}, sigmoid={self.sigmoid!r}, art_lambda={self.art_lambda}, "
+                f"network={self.network!r}, backend={self.backend!r}")

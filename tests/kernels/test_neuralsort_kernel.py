@@ -1,0 +1,155 @@
+"""The NeuralSort Triton kernels (streaming softmax per rank row) against the PyTorch path (interpreter on
+the CPU, compiled on CUDA)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch import Tensor
+
+from diffrank.operators.neuralsort import NeuralSort, abs_diff_row_sums
+
+pytestmark = pytest.mark.triton
+
+# the kernels run compiled on CUDA tensors, and on CPU tensors only under the interpreter (tests/conftest.py
+# sets TRITON_INTERPRET=1 where there is no GPU); DEVICE hosts the tests that run on one device only
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
+ON_DEVICE = pytest.mark.skipif(DEVICE == "cpu" and not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
+DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRET, reason="CPU kernels need TRITON_INTERPRET=1")),
+           pytest.param("cuda", marks=[pytest.mark.gpu,
+                                       pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])]
+
+
+def _both(s: Tensor, k: int, beta: float = 1.7) -> list[tuple[Tensor, Tensor]]:
+    """P and ∂⟨P, W⟩/∂s from the PyTorch path and from the kernels, for the same weights W."""
+    out = []
+    w = None
+    for backend in ("torch", "triton"):
+        x = s.clone().requires_grad_()
+        p = NeuralSort(beta=beta, backend=backend)(x, k=k)
+        if w is None:
+            w = torch.randn(p.shape, generator=torch.Generator().manual_seed(1)).to(p)
+        (p.float() * w.float()).sum().backward()
+        out.append((p, x.grad))
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,k", [(1, 1), (5, 1), (37, 4), (37, 37), (300, 5)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_forward_backward_match_pytorch(n, k, dtype, device):
+    s = torch.randn(3, n, generator=torch.Generator().manual_seed(n), dtype=dtype).to(device)
+    (pa, ga), (pb, gb) = _both(s, k)
+    assert pb.shape == (3, k, n) and pb.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(pb, pa, atol=tol, rtol=1e-5)
+    # the gradient sums n terms of size up to n |dlogit| (the (n + 1 - 2r) s_j term, and the prefix sums of
+    # the row sums' backward) in another order than PyTorch: the rounding grows as n · eps · its scale
+    # (test_float32_as_accurate_as_pytorch checks that it is no worse than PyTorch's own)
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(gb, ga, atol=max(tol, n * eps * float(ga.abs().max())), rtol=1e-5)
+
+
+@pytest.mark.parametrize("n,k", [(37, 37), (300, 5)])
+@ON_DEVICE
+def test_float32_as_accurate_as_pytorch(n, k):
+    """Against float64, the kernels' float32 error is at most that of the float32 PyTorch path (+ slack)."""
+    s = torch.randn(3, n, generator=torch.Generator().manual_seed(n), dtype=torch.float64).to(DEVICE)
+    w = torch.randn(3, k, n, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(DEVICE)
+    res = {}
+    for name, dtype, backend in (("exact", torch.float64, "torch"), ("torch", torch.float32, "torch"),
+                                 ("triton", torch.float32, "triton")):
+        x = s.to(dtype).clone().requires_grad_()
+        p = NeuralSort(beta=1.7, backend=backend)(x, k=k)
+        (p.double() * w).sum().backward()
+        res[name] = (p.detach().double(), x.grad.double())
+    for i in (0, 1):
+        err_torch = float((res["torch"][i] - res["exact"][i]).abs().max())
+        err_triton = float((res["triton"][i] - res["exact"][i]).abs().max())
+        assert err_triton <= 1.5 * err_torch + 1e-6
+
+
+@ON_DEVICE
+def test_rows_are_the_streaming_softmax_of_eq5():
+    """A property that does not lean on the PyTorch path: each row sums to 1, row r peaks at the r-th largest
+    item for a large β, and the kernel reads the row sums it is given (not its own)."""
+    from diffrank.kernels.neuralsort import neuralsort_topk_rows
+
+    s = torch.tensor([[0.3, -1.2, 2.5, 0.9, -0.1, 1.7, 0.0]], device=DEVICE)
+    p = neuralsort_topk_rows(s, abs_diff_row_sums(s), 7, 50.0)
+    torch.testing.assert_close(p.sum(-1), torch.ones(1, 7, device=DEVICE), atol=1e-6, rtol=0)
+    assert torch.equal(p.argmax(-1), s.argsort(-1, descending=True))
+    shifted = neuralsort_topk_rows(s, abs_diff_row_sums(s) + 3.0, 7, 50.0)  # a constant cancels in a softmax
+    torch.testing.assert_close(shifted, p, atol=1e-6, rtol=1e-5)
+    other = neuralsort_topk_rows(s, torch.zeros_like(s), 7, 50.0)
+    assert not torch.allclose(other, p, atol=1e-3)
+
+
+@ON_DEVICE
+def test_large_logits_do_not_overflow():
+    """Logits of ±1e4: the online softmax keeps a running maximum, so no inf or NaN."""
+    s = torch.linspace(-50.0, 50.0, 203, device=DEVICE).view(1, -1)
+    (pa, ga), (pb, gb) = _both(s, 4, beta=10.0)
+    assert torch.isfinite(pb).all() and torch.isfinite(gb).all()
+    torch.testing.assert_close(pb, pa, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_matches_pytorch(dtype, device):
+    """The operator computes half precision in float32, so float32 reaches the kernel; result in ``dtype``."""
+    s = torch.randn(2, 50, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+    (pa, ga), (pb, gb) = _both(s, 3, beta=0.3)
+    assert pb.dtype == dtype and gb.dtype == dtype
+    torch.testing.assert_close(pb.float(), pa.float(), atol=1e-3, rtol=1e-2)
+    torch.testing.assert_close(gb.float(), ga.float(), atol=1e-2 * float(ga.float().abs().max()), rtol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@ON_DEVICE
+def test_kernel_on_half_inputs_directly(dtype):
+    """The kernel itself also takes half inputs (loaded into float32, stored in ``dtype``)."""
+    from diffrank.kernels.neuralsort import neuralsort_topk_rows
+
+    s = torch.randn(2, 50, generator=torch.Generator().manual_seed(0)).to(DEVICE, dtype)
+    a = abs_diff_row_sums(s.float())
+    out = neuralsort_topk_rows(s, a.to(dtype), 3, 0.3)
+    assert out.dtype == dtype
+    ref = neuralsort_topk_rows(s.float(), a.to(dtype).float(), 3, 0.3)
+    torch.testing.assert_close(out.float(), ref, atol=1e-3, rtol=1e-2)
+
+
+def test_kernel_rejects_bad_shapes():
+    from diffrank.kernels.neuralsort import neuralsort_topk_rows
+
+    s = torch.randn(2, 5)
+    with pytest.raises(ValueError, match="row_sums"):
+        neuralsort_topk_rows(s, torch.zeros(2, 4), 2, 1.0)
+    with pytest.raises(ValueError, match="k must"):
+        neuralsort_topk_rows(s, abs_diff_row_sums(s), 6, 1.0)
+
+
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+def test_torch_backend_never_calls_triton_on_cpu(backend, monkeypatch):
+    import diffrank.kernels.neuralsort as kernel
+
+    def boom(*args, **kwargs):
+        raise AssertionError("the Triton kernel was called")
+
+    monkeypatch.setattr(kernel, "neuralsort_topk_rows", boom)
+    p = NeuralSort(beta=1.0, backend=backend)(torch.randn(2, 7), k=3)
+    assert p.shape == (2, 3, 7)
+
+
+def test_unknown_backend_raises():
+    with pytest.raises(ValueError, match="backend"):
+        NeuralSort(backend="bogus")
+
+
+def test_triton_on_cpu_without_the_interpreter_raises(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        NeuralSort(backend="triton")(torch.randn(2, 4), k=2)
