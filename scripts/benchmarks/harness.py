@@ -1,6 +1,8 @@
 """Timing and peak-memory measurement shared by the benchmark suites.
 
-Time: median wall time of ``repeats`` calls after ``warmup`` calls (CUDA synchronised).
+Time: on the CPU the median wall time of ``repeats`` calls after ``warmup`` calls; on CUDA the median of at
+least ``CUDA_MIN_REPEATS`` calls timed with CUDA events (one pair per call, read after one final
+synchronisation), after at least ``CUDA_MIN_WARMUP`` untimed calls.
 Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` above the memory held before the call;
 on the CPU the process's peak resident set (``VmHWM``, reset through ``/proc/self/clear_refs``)
 above the resident set before the call — it counts every allocation the call makes, ours and
@@ -18,6 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+CUDA_MIN_REPEATS = 20
+CUDA_MIN_WARMUP = 3
 
 
 @dataclass
@@ -51,12 +56,14 @@ def measure(fn: Callable[[], object], device: str = "cpu", repeats: int = 3, war
     Args:
         fn: a closure that does the whole measured work (e.g. forward + backward).
         device: ``"cpu"`` or ``"cuda"``.
-        repeats: timed calls (fewer when one call already exceeds ``max_seconds / repeats``).
-        warmup: untimed calls first (skipped when a call is slow).
+        repeats: timed calls (at least ``CUDA_MIN_REPEATS`` on CUDA; a single one when the first call
+            already exceeds ``max_seconds / (repeats + warmup)``).
+        warmup: untimed calls first (at least ``CUDA_MIN_WARMUP`` on CUDA; skipped when a call is slow).
         max_seconds: time budget of the cell.
 
     Returns:
-        :class:`Measurement`; on an exception (e.g. out of memory) ``seconds = nan`` and ``error`` set.
+        :class:`Measurement` (``extra["repeats"]``: the calls the median is over); on an exception (e.g. out of
+        memory) ``seconds = nan`` and ``error`` set.
     """
     cuda = device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -76,19 +83,32 @@ def measure(fn: Callable[[], object], device: str = "cpu", repeats: int = 3, war
         peak = (torch.cuda.max_memory_allocated() - base) if cuda else (
             _status_kib("VmHWM") * 1024 - base if ok else float("nan"))
         times = [first]
+        if cuda:
+            repeats, warmup = max(repeats, CUDA_MIN_REPEATS), max(warmup, CUDA_MIN_WARMUP)
         if first * (repeats + warmup) < max_seconds:
             for _ in range(warmup):
                 fn()
             sync()
-            times = []
-            for _ in range(repeats):
+            times = _event_times(fn, repeats) if cuda else []
+            for _ in range(0 if cuda else repeats):
                 t0 = time.perf_counter()
                 fn()
                 sync()
                 times.append(time.perf_counter() - t0)
-        return Measurement(statistics.median(times), float(max(peak, 0)))
+        return Measurement(statistics.median(times), float(max(peak, 0)), extra={"repeats": len(times)})
     except Exception as e:  # noqa: BLE001 - a failing peer (OOM, dtype) is a table cell, not a crash
         return Measurement(float("nan"), float("nan"), error=f"{type(e).__name__}: {e}"[:80])
+
+
+def _event_times(fn: Callable[[], object], repeats: int) -> list[float]:
+    """Seconds of ``repeats`` calls of ``fn`` by CUDA events on the current stream (no host sync between)."""
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+    for start, end in pairs:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) / 1e3 for start, end in pairs]
 
 
 def fwd_bwd(op: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> Callable[[], None]:
@@ -106,9 +126,11 @@ def fwd_bwd(op: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> Call
 
 
 def fmt_time(s: float) -> str:
-    """Seconds as a short string (µs / ms / s)."""
+    """Seconds as a short string (ns / µs / ms / s)."""
     if s != s:
         return "fail"
+    if s < 1e-6:
+        return f"{s * 1e9:.0f} ns"
     if s < 1e-3:
         return f"{s * 1e6:.0f} µs"
     if s < 1:

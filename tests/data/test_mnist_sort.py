@@ -145,3 +145,82 @@ def test_real_mnist_splits_and_numbers():
         assert torch.equal(tiles, pool.images[idx].float() / 255)
     x, v = next(iter(dm.train_dataloader()))
     assert x.shape == (10, 5, 1, 28, 112) and int(v.max()) <= 9999
+
+
+# -- device-resident training sets (composed on the trainer's device; here on CPU tensors) -----------------
+def _resident_dm(root, **kw):
+    args = dict(n=5, data_dir=root, val_pool=10, batch_size=6, train_sets=24, val_sets=6, test_sets=6, seed=2,
+                device_resident=True)
+    dm = MultiDigitSortDataModule(**{**args, **kw})
+    dm.setup()
+    return dm
+
+
+def test_resident_batches_are_numbers_from_the_train_pool_and_seeded(tmp_path):
+    from diffrank.data.mnist_sort import SetKey
+
+    dm = _resident_dm(_tiny_mnist(tmp_path))
+    keys = list(dm.train_dataloader())
+    assert keys == [SetKey(0, i) for i in range(4)]  # host ints only: nothing per sample on the host
+    images, values = dm.transfer_batch_to_device(keys[1], torch.device("cpu"), 0)
+    assert images.shape == (6, 5, 1, 28, 112) and images.dtype == torch.float32 and values.dtype == torch.int64
+    assert float(images.min()) >= 0 and float(images.max()) <= 1
+    ids = _source_ids(images)
+    assert set(ids.flatten().tolist()) <= set(range(50))  # the training pool only
+    assert torch.equal(values, number_values(ids % 10))
+    again = dm.transfer_batch_to_device(SetKey(0, 1), torch.device("cpu"), 0)
+    assert torch.equal(again[0], images) and torch.equal(again[1], values)
+    other_epoch = dm.transfer_batch_to_device(SetKey(1, 1), torch.device("cpu"), 0)[1]
+    other_index = dm.transfer_batch_to_device(SetKey(0, 2), torch.device("cpu"), 0)[1]
+    assert not torch.equal(values, other_epoch) and not torch.equal(values, other_index)
+    twin = _resident_dm(tmp_path)  # same seed, another module: the same sets
+    assert torch.equal(twin.transfer_batch_to_device(SetKey(0, 1), torch.device("cpu"), 0)[1], values)
+    # evaluation batches (tensors) are moved as usual
+    x, v = next(iter(dm.val_dataloader()))
+    moved = dm.transfer_batch_to_device([x, v], torch.device("cpu"), 0)
+    assert torch.equal(moved[1], v)
+
+
+def test_resident_draws_are_uniform_over_the_pool(tmp_path):
+    from diffrank.data.mnist_sort import SetKey
+
+    dm = _resident_dm(_tiny_mnist(tmp_path), batch_size=200)
+    ids = _source_ids(dm.transfer_batch_to_device(SetKey(0, 0), torch.device("cpu"), 0)[0]).flatten()
+    counts = torch.bincount(ids, minlength=50).float()  # 4 000 draws over 50 images: 80 expected each
+    assert counts.min() > 40 and counts.max() < 130
+
+
+def test_device_resident_option(tmp_path):
+    root = _tiny_mnist(tmp_path)
+    host = _resident_dm(root, device_resident="auto")
+    assert not host.resident()  # auto without a CUDA trainer: the host path, unchanged
+    assert isinstance(next(iter(host.train_dataloader())), list)
+    assert _resident_dm(root, device_resident="false").device_resident is False
+    with pytest.raises(ValueError, match="device_resident"):
+        _resident_dm(root, device_resident="sometimes")
+
+
+def test_resident_training_runs_through_lightning(tmp_path):
+    import functools
+
+    import lightning as L
+
+    from diffrank.losses.sorting import SortingBCELoss
+    from diffrank.models.sorting import MultiDigitCNN, RankingSupervisionModule
+    from diffrank.operators import load
+
+    dm = _resident_dm(_tiny_mnist(tmp_path))
+    net = MultiDigitCNN((1, 28, 112), channels=(4, 8), hidden=8)
+    model = RankingSupervisionModule(net, SortingBCELoss(load("neuralsort", beta=1.0)),
+                                     optimizer=functools.partial(torch.optim.Adam, lr=1e-3))
+    seen = []
+
+    class Spy(L.Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            seen.append(batch)
+
+    trainer = L.Trainer(accelerator="cpu", max_steps=2, limit_val_batches=1, logger=False, callbacks=[Spy()],
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        num_sanity_val_steps=0, default_root_dir=tmp_path)
+    trainer.fit(model, datamodule=dm)
+    assert len(seen) == 2 and all(b[0].shape == (6, 5, 1, 28, 112) for b in seen)

@@ -19,17 +19,30 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from diffrank.operators.base import PERMUTATION, SOFT_RANK, check_scores, require
+from diffrank.losses.validation import call_operator
+from diffrank.operators.base import PERMUTATION, SOFT_RANK, Check, check_scores_shape, require
 
 _LOG_CLAMP = -100.0  # PyTorch BCELoss's floor on log, so that a hard 0 costs 100, not inf
 
 
-def _check_values(scores: Tensor, values: Tensor) -> None:
-    check_scores(scores)
+def _check_values(scores: Tensor, values: Tensor) -> list[Check]:
+    """The data-free checks of a batch (raised now) and the pending data-dependent one (finite float values).
+
+    The scores' finiteness is not checked here: the operator checks its input in its own (single) read,
+    and :func:`call_operator` adds these pending checks to that read.
+    """
+    check_scores_shape(scores)
     if values.shape != scores.shape:
         raise ValueError(f"values must have the shape of scores {tuple(scores.shape)}, got {tuple(values.shape)}")
-    if values.is_floating_point() and not bool(torch.isfinite(values).all()):
-        raise ValueError("values contain non-finite entries (NaN or inf)")
+    if values.is_floating_point():
+        return [(torch.isfinite(values).all(), ValueError("values contain non-finite entries (NaN or inf)"))]
+    return []
+
+
+def _full_precision(scores: Tensor) -> Tensor:
+    """float16 / bfloat16 scores in float32: under mixed precision (trainer=gpu) P and its logs would
+    otherwise be rounded to 8 bits of mantissa; the caller also leaves autocast for the same reason."""
+    return scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
 
 
 def true_order(values: Tensor) -> Tensor:
@@ -57,7 +70,9 @@ def true_ranks(values: Tensor) -> Tensor:
 
 def permutation_matrix(values: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     """Ground-truth Q ``(B, n, n)``: ``Q[b, r, c] = 1`` iff item c has rank r+1 (rank 1 = largest)."""
-    return F.one_hot(true_order(values), values.shape[1]).to(dtype)
+    n = values.shape[1]
+    # a comparison, not F.one_hot: one_hot range-checks its indices, a host read on some devices / versions
+    return (true_order(values).unsqueeze(-1) == torch.arange(n, device=values.device)).to(dtype)
 
 
 class SortingBCELoss(nn.Module):
@@ -87,9 +102,12 @@ class SortingBCELoss(nn.Module):
         self.operator, self.form = operator, form
 
     def forward(self, scores: Tensor, values: Tensor) -> Tensor:
-        """Scalar loss (dtype of ``scores``)."""
-        _check_values(scores, values)
-        p = self.operator(scores).clamp(0.0, 1.0)
+        """Scalar loss (dtype of ``scores``, float32 for half-precision scores); one host synchronisation (the
+        operator's check of its input)."""
+        checks = _check_values(scores, values)
+        scores = _full_precision(scores)
+        with torch.autocast(device_type=scores.device.type, enabled=False):
+            p = call_operator(self.operator, scores, checks=checks).clamp(0.0, 1.0)
         q = permutation_matrix(values, p.dtype)
         # clamp before the log: log(0) = -inf would give 0 · inf = NaN gradients even where the floor applies
         tiny = torch.finfo(p.dtype).tiny
@@ -122,9 +140,8 @@ class SoftRankMSELoss(nn.Module):
         self.operator, self.normalize = operator, bool(normalize)
 
     def forward(self, scores: Tensor, values: Tensor) -> Tensor:
-        """Scalar loss (dtype of ``scores``)."""
-        _check_values(scores, values)
-        soft = self.operator.soft_rank(scores)
+        """Scalar loss (dtype of ``scores``); one host synchronisation (the operator's check of its input)."""
+        soft = call_operator(self.operator.soft_rank, scores, checks=_check_values(scores, values))
         target = true_ranks(values).to(soft.dtype)
         if self.normalize:
             n = scores.shape[1]

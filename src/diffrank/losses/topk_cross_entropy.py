@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from diffrank.losses.pk import PK
-from diffrank.losses.validation import check_logits_labels
-from diffrank.operators.base import TOPK_MEMBERSHIP, RankingOperator, require
+from diffrank.losses.validation import call_operator, logits_labels_checks
+from diffrank.operators.base import TOPK_MEMBERSHIP, RankingOperator, raise_failed, require
 
 TOP1_MODES = ("eq4", "sm", "sort")
 _CLAMP = 1e-7
@@ -100,9 +100,18 @@ class TopKCrossEntropyLoss(nn.Module):
                 raise ValueError(f"P_K = {list(self.p_k.weights)} needs a ranking operator (operator is None)")
             require(operator, TOPK_MEMBERSHIP, "TopKCrossEntropyLoss")
         self.operator = operator
+        self._w_cache: dict = {}
 
     def forward(self, logits: Tensor, labels: Tensor) -> Tensor:
-        check_logits_labels(logits, labels)
+        """Mean top-k cross-entropy of ``logits (B, n)`` against ``labels (B,)``: a scalar, float32 for half logits.
+
+        Host synchronisations: one. The label-range check is read together with the operator's own check of
+        its input (:func:`diffrank.losses.validation.call_operator`); without an operator call (P_K = [1]
+        only) the finite-logits and label checks are read together here.
+        """
+        # with an operator the finite check is the operator's (on the scores it ranks): do not repeat it, unless
+        # it only sees the m-subset (a -inf logit outside it must still be an error)
+        checks = logits_labels_checks(logits, labels, finite=not self._ks or self.m is not None)
         n = logits.shape[1]
         if self.p_k.k_max > n:
             raise ValueError(f"P_K puts mass on k = {self.p_k.k_max} > n = {n} classes")
@@ -111,19 +120,22 @@ class TopKCrossEntropyLoss(nn.Module):
                              "(set loss.m=null to rank all classes)")
         if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()
+        # an out-of-range label must surface as the check's ValueError, not as an indexing error (or a CUDA
+        # device assert) raised before the check is read: index with clamped labels until then
+        safe = labels.clamp(0, n - 1) if checks and self._ks else labels
         if self.m is not None:
-            scores = m_subset(logits, labels, self.m)
+            scores = m_subset(logits, safe, self.m)
             target = torch.zeros_like(labels)
         else:
-            scores, target = logits, labels
+            scores, target = logits, safe
         pk = self.p_k.weights
         if self._ks:
             with torch.autocast(device_type=scores.device.type, enabled=False):
-                member = self.operator.topk_membership(scores, self._ks)  # (B, len(ks), n)
+                member = call_operator(self.operator.topk_membership, scores, self._ks, checks=checks)
             member_y = member.gather(2, target.view(-1, 1, 1).expand(-1, member.shape[1], 1)).squeeze(2)
-            w = torch.tensor([pk[k - 1] for k in self._ks], dtype=member_y.dtype, device=member_y.device)
-            mix = member_y @ w  # Σ_k P_K(k) Pr(y ∈ top-k), (B,)
+            mix = member_y @ self._weights(member_y)  # Σ_k P_K(k) Pr(y ∈ top-k), (B,)
         else:
+            raise_failed(checks)
             mix = scores.new_zeros(scores.shape[0])
         if self.top1_mode == "sort":
             return -_squeezed_log(mix).mean()
@@ -135,6 +147,16 @@ class TopKCrossEntropyLoss(nn.Module):
         if self._ks:
             loss = loss - _squeezed_log(mix).mean() * (1.0 - p1)
         return loss
+
+    def _weights(self, like: Tensor) -> Tensor:
+        """P_K(k) for the operator's ks, ``(len(ks),)`` in ``like``'s dtype and device, built once per
+        (dtype, device): a host-to-device copy every step would synchronise."""
+        key = (like.dtype, like.device)
+        w = self._w_cache.get(key)
+        if w is None:
+            w = torch.tensor([self.p_k.weights[k - 1] for k in self._ks], dtype=like.dtype).to(like.device)
+            self._w_cache[key] = w
+        return w
 
     def extra_repr(self) -> str:
         return f"p_k={list(self.p_k.weights)}, m={self.m}, top1_mode={self.top1_mode!r}"
