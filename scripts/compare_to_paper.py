@@ -5,12 +5,10 @@ Usage: ``python scripts/compare_to_paper.py RUN_DIR... [--out outputs/report] [-
 Every ``results.json`` under the given folders (recursively) whose ``paper`` field is a dict is matched to
 the bundled reference rows (:mod:`diffrank.reference`) whose columns equal every field of that dict. Each
 matched row (one per metric) becomes a line of the report: the published value, our mean ± sample std
-over the runs (seeds) sharing the same ``paper`` key, Δ = ours − paper, and the number of runs. Our metric
-for a reference metric ``M`` is ``<prefix><m>`` with m = M lower-cased (``EM`` → ``test/em``, ``top1`` →
-``test/top1``); our fractions are shown in % unless the reference row's note says it is printed as a
-fraction. One Markdown table per (paper, table). Runs whose key matches no reference row are listed at the
-end, so typos in a ``paper:`` key do not vanish silently. A table row run with another operator is a variant
-(``paper`` null, ``variant_of`` the row): it is skipped, never shown as the row's method.
+over the runs (seeds) sharing the same ``paper`` key, Δ = ours − paper, and the number of runs. One Markdown
+table per (paper, table). Runs whose key matches no reference row are listed at the end, so typos in a
+``paper:`` key do not vanish silently. The matching and the tables live in :mod:`diffrank.compare` (training
+runs log the same rows to W&B).
 
 Later experiments add their tables by giving their configs a ``paper:`` key over the same columns and
 shipping the reference CSV in ``src/diffrank/reference/``; nothing here needs to change.
@@ -19,217 +17,26 @@ shipping the reference CSV in ``src/diffrank/reference/``; nothing here needs to
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import statistics
-import sys
-from collections import defaultdict
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from diffrank import reference
-
-# the columns that identify a reference row to a reader; shown when they vary inside a table
-LABEL_COLUMNS = ("dataset", "method", "operator", "sigmoid", "network", "n", "pk", "m", "setting")
-
-
-def find_results(paths: Iterable[str | Path]) -> list[Path]:
-    """All ``results.json`` files under the given files / folders, sorted.
-
-    Raises:
-        FileNotFoundError: a path that does not exist.
-    """
-    found: set[Path] = set()
-    for p in map(Path, paths):
-        if not p.exists():
-            raise FileNotFoundError(f"no such file or folder: {p}")
-        if p.is_file():
-            found.add(p)
-        else:
-            found.update(p.rglob("results.json"))
-    return sorted(found)
-
-
-def _key(paper: dict[str, Any]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((str(k), reference._norm(v)) for k, v in paper.items()))
-
-
-def _is_fraction(row: dict[str, str]) -> bool:
-    note = row.get("note", "").lower()
-    return "fraction" in note and "x100" not in note and "×100" not in note
-
-
-def _budget(run: dict[str, Any]) -> str:
-    cfg = run.get("config") or {}
-    steps = (cfg.get("trainer") or {}).get("max_steps")
-    batch = (cfg.get("data") or {}).get("batch_size")
-    overrides = {o.split("=", 1)[0].lstrip("+~"): o.split("=", 1)[1] for o in run.get("overrides") or [] if "=" in o}
-    steps = overrides.get("trainer.max_steps", steps)
-    batch = overrides.get("data.batch_size", batch)
-    if run.get("global_step") is not None:  # steps actually trained (a max_time or early stop ends sooner)
-        steps = run["global_step"]
-    return f"{steps}×{batch}" if steps is not None and batch is not None else "?"
-
-
-def collect(paths: Iterable[str | Path], metric_prefix: str = "test/") -> dict[str, Any]:
-    """Match every results.json to the reference rows.
-
-    Returns:
-        ``{"tables": {(paper, table): [line, ...]}, "unmatched": [(path, paper_key)], "skipped": int,
-        "runs": int}``; a line is a dict with the reference row, ``ours`` (list of values in the row's
-        unit), ``mean``, ``std`` (None for one run), ``delta``, ``runs``, ``budget`` and ``run_dirs``.
-    """
-    groups: dict[tuple, list[tuple[Path, dict[str, Any]]]] = defaultdict(list)
-    unmatched, skipped, runs = [], 0, 0
-    for path in find_results(paths):
-        try:
-            run = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            print(f"warning: cannot read {path}: {e}", file=sys.stderr)
-            continue
-        paper = run.get("paper")
-        if not isinstance(paper, dict):
-            skipped += 1
-            continue
-        runs += 1
-        groups[_key(paper)].append((path, run))
-    tables: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for key, members in groups.items():
-        try:
-            rows = reference.match(dict(key))
-        except KeyError:
-            rows = []
-        if not rows:
-            unmatched.append((str(members[0][0]), dict(key)))
-            continue
-        for row in rows:
-            name = metric_prefix + row["metric"].lower()
-            scale = 1.0 if _is_fraction(row) else 100.0
-            ours = [scale * float(r["metrics"][name]) for _, r in members
-                    if isinstance(r.get("metrics"), dict) and name in r["metrics"]]
-            try:
-                paper_value = float(row["value"])
-            except ValueError:
-                paper_value = math.nan
-            mean = statistics.fmean(ours) if ours else math.nan
-            tables[(row["paper"], row["table"])].append({
-                "row": row, "metric": row["metric"], "paper": paper_value, "ours": ours, "mean": mean,
-                "std": statistics.stdev(ours) if len(ours) > 1 else None,
-                "delta": mean - paper_value if ours else math.nan, "runs": len(ours),
-                "budget": ", ".join(sorted({_budget(r) for _, r in members})),
-                "run_dirs": [str(p.parent) for p, _ in members],
-            })
-    for lines in tables.values():
-        lines.sort(key=lambda ln: tuple(_sort_value(ln["row"].get(c, "")) for c in (*LABEL_COLUMNS, "metric")))
-    return {"tables": dict(sorted(tables.items())), "unmatched": unmatched, "skipped": skipped, "runs": runs}
-
-
-def _sort_value(v: str) -> tuple[int, float, str]:
-    try:
-        return (0, float(v), "")
-    except ValueError:
-        return (1, 0.0, v)
-
-
-def _label_columns(lines: list[dict[str, Any]]) -> list[str]:
-    """Columns worth showing: those that vary inside the table, plus method, operator and n."""
-    always = ("method", "operator", "n")
-    cols = [c for c in LABEL_COLUMNS if len({ln["row"].get(c, "") for ln in lines}) > 1 or c in always]
-    return [c for c in cols if any(ln["row"].get(c, "") for ln in lines)]
-
-
-def fmt(v: float | None, digits: int = 2) -> str:
-    """A number for the report (``—`` for None / NaN)."""
-    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
-
-
-def table_rows(lines: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """Header and cells of one report table."""
-    cols = _label_columns(lines)
-    header = [*cols, "metric", "paper", "ours", "Δ", "runs", "steps×batch"]
-    cells = []
-    for ln in lines:
-        ours = fmt(ln["mean"]) + ("" if ln["std"] is None else f" ± {fmt(ln['std'])}")
-        delta = fmt(ln["delta"])
-        if delta != "—" and not delta.startswith("-"):
-            delta = "+" + delta
-        cells.append([*(ln["row"].get(c, "") for c in cols), ln["metric"], ln["row"]["value"], ours, delta,
-                      str(ln["runs"]), ln["budget"]])
-    return header, cells
-
-
-def markdown(result: dict[str, Any]) -> str:
-    """The whole report as Markdown."""
-    out = ["# Our runs vs the papers", "",
-           f"{result['runs']} runs with a `paper` key; {result['skipped']} results.json without one were skipped. "
-           "Values in % (ours: mean ± sample std over runs); Δ = ours − paper; steps×batch = our training budget.",
-           ""]
-    for (paper, table), lines in result["tables"].items():
-        header, cells = table_rows(lines)
-        out += [f"## {paper}, Table {table}", "", "| " + " | ".join(header) + " |",
-                "|" + "|".join("---" for _ in header) + "|"]
-        out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in cells]
-        out.append("")
-    if result["unmatched"]:
-        out += ["## Runs whose `paper` key matches no reference row", ""]
-        out += [f"- `{path}`: `{json.dumps(key)}`" for path, key in result["unmatched"]]
-        out.append("")
-    return "\n".join(out)
-
-
-def plot(result: dict[str, Any], path: Path) -> Path | None:
-    """Ours vs paper, one panel per table (error bars = std over runs); None when nothing to plot."""
-    tables = {k: [ln for ln in v if ln["runs"] and not math.isnan(ln["paper"])] for k, v in result["tables"].items()}
-    tables = {k: v for k, v in tables.items() if v}
-    if not tables:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(tables), figsize=(4.5 * len(tables), 4.2), squeeze=False)
-    for ax, ((paper, table), lines) in zip(axes[0], tables.items()):
-        for metric in sorted({ln["metric"] for ln in lines}):
-            sel = [ln for ln in lines if ln["metric"] == metric]
-            ax.errorbar([ln["paper"] for ln in sel], [ln["mean"] for ln in sel],
-                        yerr=[ln["std"] or 0.0 for ln in sel], fmt="o", capsize=3, label=metric)
-        lo = min(min(ln["paper"], ln["mean"]) for ln in lines)
-        hi = max(max(ln["paper"], ln["mean"]) for ln in lines)
-        pad = 0.05 * (hi - lo or 1.0)
-        ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], "k--", lw=0.8)
-        ax.set_xlabel("paper")
-        ax.set_ylabel("ours")
-        ax.set_title(f"{paper}\nTable {table}", fontsize=9)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def print_console(result: dict[str, Any]) -> None:
-    """The report's tables in the console (rich)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    for (paper, table), lines in result["tables"].items():
-        header, cells = table_rows(lines)
-        t = Table(title=f"{paper}, Table {table}")
-        for h in header:
-            t.add_column(h, justify="right" if h in ("paper", "ours", "Δ", "runs", "n") else "left")
-        for row in cells:
-            t.add_row(*row)
-        console.print(t)
-    for path, key in result["unmatched"]:
-        console.print(f"[yellow]no reference row for[/yellow] {path}: {key}")
+from diffrank.compare import (  # noqa: F401  (re-exported: the script's former functions)
+    LABEL_COLUMNS,
+    _budget,
+    _is_fraction,
+    collect,
+    collect_runs,
+    find_results,
+    fmt,
+    markdown,
+    plot,
+    print_console,
+    table_rows,
+)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Command line entry point; returns the collected result."""
+    """Command line entry point; returns the collected result (:func:`diffrank.compare.collect`)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("paths", nargs="+", help="run folders (searched recursively for results.json)")
     ap.add_argument("--out", default="outputs/report", help="folder for report.md and report.png")

@@ -104,3 +104,15 @@ def test_variant_of_a_row_is_never_labelled_with_its_paper_row(tmp_path):
     assert result["runs"] == 1 and result["skipped"] == 1
     em = next(ln for ln in result["tables"][("petersen_thesis_2022", "3.7")] if ln["metric"] == "EM")
     assert em["ours"] == [pytest.approx(80.0)]
+
+
+def test_budget_uses_the_global_batch_and_optimizer_steps_of_ddp_runs(tmp_path):
+    """data.batch_size is global; a DDP record states world_size / per_device_batch / global_batch and the
+    optimizer steps it took: the budget is steps × global batch (not × the per-device batch)."""
+    record = {"paper": CAUCHY5, "metrics": {"test/em": 0.7}, "overrides": ["data.batch_size=64"],
+              "config": {"trainer": {"max_steps": 99}, "data": {"batch_size": 64}}, "global_step": 0,
+              "optimizer_steps": 57, "world_size": 2, "per_device_batch": 32, "global_batch": 64}
+    assert ctp._budget(record) == "57×64"
+    result = ctp.collect_runs([(tmp_path / "r" / "results.json", record)])
+    em = next(ln for ln in result["tables"][("petersen_thesis_2022", "3.7")] if ln["metric"] == "EM")
+    assert em["budget"] == "57×64" and em["mean"] == pytest.approx(70.0)

@@ -2,11 +2,18 @@
 → fit → test → results.json.
 
 ``python train.py [overrides]`` calls :func:`main`; tests call :func:`train` with a composed config.
+
+Sweeps (docs/sweeps.md): a multirun job whose folder already holds a complete ``results.json`` with the same
+overrides returns it without training (``skip_finished``), so re-running a stopped sweep into its folder
+(``hydra.sweep.dir=…``) trains only what is missing. ``data.batch_size`` is the *global* batch: under DDP each
+of the ``world_size`` processes gets ``batch_size / world_size`` (``results.json`` records ``world_size``,
+``per_device_batch``, ``global_batch`` and the ``optimizer_steps`` taken).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 import warnings
 from pathlib import Path
@@ -15,26 +22,100 @@ from typing import Any
 import hydra
 import lightning as L
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+import diffrank.sweeps  # noqa: F401  (registers the configs' resolvers: ${beta_grid:…}, ${short_hash:…})
 from diffrank.callbacks import ResumeState
 from diffrank.utils.checkpoints import fit_and_test
 from diffrank.utils.composition import check_model_fits_data, prepare
 from diffrank.utils.instantiate import instantiate
 from diffrank.utils.malloc import keep_freed_memory
-from diffrank.utils.results import compute_environment, device_description, git_state, to_float, versions, write_results
+from diffrank.utils.results import (
+    compute_environment,
+    device_description,
+    git_state,
+    read_results,
+    to_float,
+    versions,
+    write_results,
+)
 
 log = logging.getLogger(__name__)
 
 
 def _hydra_info() -> dict[str, Any]:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     if not HydraConfig.initialized():
-        return {"choices": {}, "overrides": [], "run_dir": None}
+        return {"choices": {}, "overrides": [], "run_dir": None, "multirun": False, "sweep_dir": None}
     hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
     return {"choices": {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra/")},
-            "overrides": list(hc.overrides.task), "run_dir": hc.runtime.output_dir}
+            "overrides": list(hc.overrides.task), "run_dir": hc.runtime.output_dir, "multirun": multirun,
+            "sweep_dir": str(hc.sweep.dir) if multirun else None}
+
+
+def finished_record(cfg: DictConfig, overrides: list[str], multirun: bool) -> dict[str, Any] | None:
+    """The ``results.json`` record of this job if it already finished, else None.
+
+    A job counts as finished when ``cfg.skip_finished`` is true, it is a multirun job (a single run gets a
+    fresh folder anyway), and ``<paths.output_dir>/results.json`` is a complete record (:func:`read_results`)
+    with ``status: done``, the same task overrides (same order), and, for a training run, the
+    ``optimized_metric`` among its metrics.
+    """
+    if not (multirun and cfg.get("skip_finished")):
+        return None
+    out = cfg.paths.get("output_dir") if cfg.get("paths") else None
+    rec = read_results(Path(out) / "results.json") if out else None
+    if not rec or rec.get("status") != "done" or list(rec.get("overrides") or []) != list(overrides):
+        return None
+    metrics = rec.get("metrics") or {}
+    name = cfg.get("optimized_metric")
+    if cfg.get("train", True) and name and name not in metrics:
+        return None
+    return rec
+
+
+def _slurm_resume_path(cfg: DictConfig) -> str | None:
+    """``last.ckpt`` of this run's folder when SLURM restarted the job (preemption / timeout requeue,
+    ``SLURM_RESTART_COUNT`` > 0) and no checkpoint was given; None otherwise.
+
+    Lightning's SLURM environment (auto-requeue) also saves ``hpc_ckpt_*.ckpt`` on the requeue signal and
+    resumes from it by itself when ``ckpt_path`` is None: that checkpoint is newer, so it wins when present.
+    """
+    if cfg.get("ckpt_path") is not None or int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) <= 0:
+        return None
+    out = Path(str(cfg.paths.output_dir))
+    if any(out.glob("hpc_ckpt_*.ckpt")):
+        return None
+    last = out / "checkpoints" / "last.ckpt"
+    return str(last) if last.is_file() else None
+
+
+def _per_device_batch(global_batch: int, world_size: int) -> int:
+    if global_batch % world_size:
+        raise ValueError(f"data.batch_size={global_batch} is the global batch and must be divisible by the "
+                         f"world size {world_size} (devices x nodes)")
+    return global_batch // world_size
+
+
+def _trained_steps(trainer: L.Trainer, done: dict[str, Any]) -> int:
+    """Optimizer steps taken by fit. Under ddp_spawn the main process's trainer never stepped (its global_step
+    stays 0): the last checkpoint written by the workers knows."""
+    steps = int(trainer.global_step)
+    cb = trainer.checkpoint_callback
+    if steps or cb is None:
+        return steps
+    # the workers' callback state does not come back to the main process; their last.ckpt does
+    candidates = [getattr(cb, "last_model_path", "") or "", str(Path(str(getattr(cb, "dirpath", "") or "."))
+                                                              / "last.ckpt")]
+    for last in candidates:
+        if last and Path(last).is_file():
+            from diffrank.utils.checkpoints import checkpoint_info
+
+            return int(checkpoint_info(last)["global_step"] or 0)
+    return steps
 
 
 def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
@@ -46,15 +127,26 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     Args:
         cfg: the composed ``configs/train.yaml`` (needs ``HydraConfig`` set when it uses ``${hydra:…}``).
 
+    A multirun job that already finished (:func:`finished_record`) returns its recorded metrics without
+    building anything (``objects`` is then ``{"results": record, "skipped": True}``). Under DDP each rank loads
+    ``data.batch_size / world_size`` items (``data.batch_size`` is the global batch). Any W&B run is finished on
+    the way out, also after an exception.
+
     Returns:
         ``(metrics, objects)``: the final metrics (``test/*``, ``val/*``, ``train/*`` as floats) and the
-        built objects (datamodule, operator, loss, model, trainer).
+        built objects (datamodule, operator, loss, model, trainer, and ``results``: the record written).
 
     Raises:
-        ValueError: unknown or incompatible choices (e.g. a loss that the operator cannot serve).
+        ValueError: unknown or incompatible choices (e.g. a loss that the operator cannot serve), or a global
+            batch that the world size does not divide.
     """
     t0 = time.time()
     info = _hydra_info()
+    finished = finished_record(cfg, info["overrides"], info["multirun"])
+    if finished is not None:
+        log.info("skipping %s: it already finished (results.json with the same overrides); delete that file "
+                 "to train it again", cfg.paths.output_dir)
+        return dict(finished.get("metrics") or {}), {"results": finished, "skipped": True}
     cfg, used = prepare(cfg, info["choices"], info["overrides"])
     if used["variant_of"]:
         log.warning("%s is a row of %s; operator=%s runs a variant of it, recorded without its paper key",
@@ -72,35 +164,103 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
         callbacks = [c for c in callbacks if not isinstance(c, L.pytorch.callbacks.ProgressBar)]
     if not any(isinstance(c, ResumeState) for c in callbacks):
         callbacks.append(ResumeState())  # RNG states and sampler position in every checkpoint (exact resume)
-    loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c and "_target_" in c]
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
-    if loggers:
-        for lg in loggers:
-            lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
-    # fit and test the selected checkpoint, or (train=false ckpt_path=…) evaluate a checkpoint
-    done = fit_and_test(cfg, trainer, model, datamodule, loggers)
-    metrics = {k: to_float(v) for k, v in {**done["fit"], **done["eval"], **done["test"]}.items()}
-    objects = {"datamodule": datamodule, "operator": operator, "loss": loss, "model": model, "trainer": trainer}
-    if trainer.is_global_zero:
-        record = {
-            "task_name": cfg.get("task_name"), "paper": OmegaConf.to_container(cfg.paper, resolve=True)
-            if isinstance(cfg.get("paper"), DictConfig) else cfg.get("paper"),
-            "variant_of": used["variant_of"],
-            "metrics": metrics, "choices": used["choices"], "overrides": info["overrides"],
-            "seed": cfg.get("seed"), "split_seed": cfg.data.get("split_seed") if cfg.get("data") else None,
-            "global_step": done["checkpoint"]["global_step"] if done["evaluated_checkpoint"]
-            else int(trainer.global_step),
-            "evaluated_checkpoint": done["evaluated_checkpoint"], "checkpoint": done["checkpoint"],
-            **git_state(), "versions": versions(), "wall_time_s": time.time() - t0,
-            "device": device_description(env := compute_environment()), "compute": env, "run_dir": info["run_dir"],
-            "config": OmegaConf.to_container(cfg, resolve=False),
-        }
-        out = cfg.paths.get("output_dir") if cfg.get("paths") else None
-        if out:
-            path = write_results(Path(out) / "results.json", record)
-            log.info("results: %s", path)
-        objects["results"] = record
+    paper = OmegaConf.to_container(cfg.paper, resolve=True) if isinstance(cfg.get("paper"), DictConfig) \
+        else cfg.get("paper")
+    loggers = [instantiate(c, **_wandb_kwargs(c, cfg, used["choices"], paper, info))
+               for c in (cfg.get("logger") or {}).values() if c and "_target_" in c]
+    try:
+        trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+        world_size = int(trainer.world_size)
+        global_batch = datamodule.batch_size if hasattr(datamodule, "batch_size") else None
+        if global_batch is not None and world_size > 1:
+            # data.batch_size is the global batch: each rank loads its share (same steps per epoch as 1 process)
+            datamodule.batch_size = _per_device_batch(int(global_batch), world_size)
+        if loggers:
+            for lg in loggers:
+                lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+        resume = _slurm_resume_path(cfg)
+        if resume:
+            log.info("SLURM restart %s: resuming from %s", os.environ.get("SLURM_RESTART_COUNT"), resume)
+            with open_dict(cfg):
+                cfg.ckpt_path = resume
+        # fit and test the selected checkpoint, or (train=false ckpt_path=…) evaluate a checkpoint
+        done = fit_and_test(cfg, trainer, model, datamodule, loggers)
+        metrics = {k: to_float(v) for k, v in {**done["fit"], **done["eval"], **done["test"]}.items()}
+        objects = {"datamodule": datamodule, "operator": operator, "loss": loss, "model": model, "trainer": trainer}
+        if trainer.is_global_zero:
+            steps = _trained_steps(trainer, done) if cfg.get("train", True) else None
+            accumulate = int(cfg.trainer.get("accumulate_grad_batches") or 1)
+            per_device = getattr(datamodule, "batch_size", None)
+            record = {
+                "status": "done",
+                "task_name": cfg.get("task_name"), "paper": paper,
+                "variant_of": used["variant_of"],
+                "metrics": metrics, "choices": used["choices"], "overrides": info["overrides"],
+                "seed": cfg.get("seed"), "split_seed": cfg.data.get("split_seed") if cfg.get("data") else None,
+                "global_step": done["checkpoint"]["global_step"] if done["evaluated_checkpoint"]
+                else int(trainer.global_step),
+                "optimizer_steps": steps, "world_size": world_size, "per_device_batch": per_device,
+                "accumulate_grad_batches": accumulate,
+                "global_batch": None if per_device is None else int(per_device) * world_size * accumulate,
+                "evaluated_checkpoint": done["evaluated_checkpoint"], "checkpoint": done["checkpoint"],
+                **git_state(), "versions": versions(), "wall_time_s": time.time() - t0,
+                "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "device": device_description(env := compute_environment()), "compute": env,
+                "run_dir": info["run_dir"], "sweep_dir": info["sweep_dir"],
+                "config": OmegaConf.to_container(cfg, resolve=False),
+            }
+            if not done["evaluated_checkpoint"]:
+                record["global_step"] = steps if steps is not None else record["global_step"]
+            out = cfg.paths.get("output_dir") if cfg.get("paths") else None
+            if out:
+                path = write_results(Path(out) / "results.json", record)
+                log.info("results: %s", path)
+            objects["results"] = record
+            _log_paper_comparison(loggers, record)
+    finally:
+        _finish_wandb(loggers)
     return metrics, objects
+
+
+def _wandb_kwargs(logger_cfg: DictConfig, cfg: DictConfig, choices: dict[str, Any], paper: Any,
+                  info: dict[str, Any]) -> dict[str, Any]:
+    """``group`` (paper table, or the sweep, :func:`diffrank.utils.loggers.wandb_group`) and ``tags`` for a W&B
+    logger whose config leaves them null; nothing for other loggers."""
+    if not str(logger_cfg.get("_target_", "")).endswith("WandbLogger"):
+        return {}
+    from diffrank.utils.loggers import wandb_group, wandb_tags
+
+    sweep = Path(info["sweep_dir"]).name if info.get("sweep_dir") else None
+    kwargs: dict[str, Any] = {}
+    if logger_cfg.get("group") is None:
+        kwargs["group"] = wandb_group(paper, sweep, cfg.get("task_name"))
+    if logger_cfg.get("tags") is None:
+        extra = list(cfg.get("tags") or []) + ([f"sweep:{sweep}"] if sweep else [])
+        kwargs["tags"] = wandb_tags(cfg, choices, extra)
+    return kwargs
+
+
+def _log_paper_comparison(loggers: list[Any], record: dict[str, Any]) -> None:
+    from lightning.pytorch.loggers.wandb import WandbLogger
+
+    from diffrank.utils.loggers import log_paper_comparison
+
+    for lg in loggers:
+        if isinstance(lg, WandbLogger):
+            summary = log_paper_comparison(lg.experiment, record)
+            if summary:
+                log.info("W&B summary: %s", ", ".join(f"{k}={v}" for k, v in summary.items() if "/row" not in k))
+
+
+def _finish_wandb(loggers: list[Any]) -> None:
+    """``wandb.finish()`` whenever a W&B run is open (also after an exception): the next multirun job must get
+    its own run, not attach to this one."""
+    try:
+        import wandb
+    except ImportError:
+        return
+    if wandb.run is not None:
+        wandb.finish()
 
 
 def summary_caption(record: dict[str, Any] | None) -> str | None:
@@ -172,6 +332,26 @@ def apply_process_settings(cfg: DictConfig) -> dict[str, bool]:
     return applied
 
 
+def _write_failure(cfg: DictConfig, error: BaseException, wall_time_s: float) -> None:
+    """``results.json`` with ``status: failed`` (the sweep summary lists the job as failed, and skip-finished
+    trains it again); never over a finished record, and only in the main process."""
+    if os.environ.get("LOCAL_RANK", "0") != "0" or os.environ.get("NODE_RANK", "0") != "0":
+        return
+    try:
+        out = cfg.paths.get("output_dir") if cfg.get("paths") else None
+        if not out:
+            return
+        path = Path(out) / "results.json"
+        if (read_results(path) or {}).get("status") == "done":
+            return
+        write_results(path, {"status": "failed", "error": f"{type(error).__name__}: {error}"[:2000],
+                             "overrides": _hydra_info()["overrides"], "wall_time_s": wall_time_s,
+                             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                             "config": OmegaConf.to_container(cfg, resolve=False)})
+    except Exception:  # the original error matters more than its record
+        log.exception("could not write the failure record")
+
+
 def run(cfg: DictConfig) -> float | None:
     """:func:`train`, then close W&B (so multirun jobs get their own runs), print the test metrics and
     return ``cfg.optimized_metric`` for sweepers.
@@ -182,18 +362,18 @@ def run(cfg: DictConfig) -> float | None:
     if cfg.get("extras") and cfg.extras.get("print_config"):
         log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=False))
     apply_process_settings(cfg)
+    t0 = time.time()
     try:
         metrics, objects = train(cfg)
+    except Exception as e:
+        _write_failure(cfg, e, time.time() - t0)
+        raise
     finally:
-        try:
-            import wandb
-
-            if wandb.run is not None:
-                wandb.finish()
-        except ImportError:
-            pass
+        _finish_wandb([])
     print_summary(metrics, objects.get("results"))
-    if "results" in objects:
+    if objects.get("skipped"):
+        log.info("finished earlier (skip_finished): %s", objects["results"].get("run_dir"))
+    elif "results" in objects:
         log.info("wall time %.1f s; run folder %s", objects["results"]["wall_time_s"], objects["results"]["run_dir"])
     name = cfg.get("optimized_metric")
     if name and name not in metrics and cfg.get("train", True):  # an evaluation need not log it

@@ -132,12 +132,40 @@ def to_float(v: Any) -> Any:
     return v
 
 
-def write_results(path: str | Path, record: dict[str, Any]) -> Path:
-    """Write ``record`` as indented JSON to ``path`` (folders created, written to a temporary file and
-    renamed, so a reader never sees half a file); returns the path."""
+def write_atomic(path: str | Path, data: str | bytes) -> Path:
+    """Write ``data`` (text as UTF-8, or bytes) to ``path`` through a temporary file in the same folder and an
+    ``os.replace`` (atomic on POSIX), so that a reader, or a job killed mid-write, never leaves half a file.
+    Folders are created. Returns the path.
+
+    Raises:
+        OSError: the folder cannot be created or written.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record, indent=2, default=str))
-    os.replace(tmp, path)
+    try:
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # only left when the write or the rename failed
     return path
+
+
+def write_results(path: str | Path, record: dict[str, Any]) -> Path:
+    """Write ``record`` as indented JSON to ``path`` (folders created, written to a temporary file and
+    renamed, so a reader never sees half a file); returns the path."""
+    return write_atomic(path, json.dumps(record, indent=2, default=str))
+
+
+def read_results(path: str | Path) -> dict[str, Any] | None:
+    """The record of a ``results.json``, or None when the file is missing or not a complete JSON object
+    (a run killed before :func:`write_results` renamed its file leaves none; older partial writes are
+    treated as missing)."""
+    try:
+        rec = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return rec if isinstance(rec, dict) else None
