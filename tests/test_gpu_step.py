@@ -9,7 +9,7 @@
 
 The operator's own validation is the one allowed read (``diffrank.operators.base.raise_failed``). The
 top-k cross-entropy adds its label check to that read when the operator accepts pending checks
-(``checks=``, :func:`diffrank.losses.validation.accepts_checks`); until it does, that step reads twice.
+(``checks=`` on every public operator method, :func:`diffrank.losses.validation.accepts_checks`).
 """
 
 from __future__ import annotations
@@ -79,8 +79,9 @@ def _classifier_batch(device, b=32, classes=10, seed=0):
 
 
 def _classifier_allowed(module: TopKClassifier) -> int:
-    """1 once the operator takes the label check into its own read (base.py ``checks=``), 2 until then."""
-    return 1 if accepts_checks(module.loss.operator.topk_membership) else 2
+    """1: the operator takes the label check into its own read (base.py ``checks=``)."""
+    assert accepts_checks(module.loss.operator.topk_membership)
+    return 1
 
 
 def _quiet_step(module, batch):

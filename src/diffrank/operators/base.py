@@ -187,12 +187,14 @@ class RankingOperator(nn.Module):
         self.beta = check_beta(beta)
 
     # -- the public methods (template: validate, check the capability, compute, cast back) ------------
-    def forward(self, scores: Tensor, k: int | None = None) -> Tensor:
+    def forward(self, scores: Tensor, k: int | None = None, checks: Sequence[Check] = ()) -> Tensor:
         """Relaxed permutation matrix P (rows = ranks, rank 1 = largest; columns = items).
 
         Args:
             scores: ``(B, n)`` float16 / bfloat16 / float32 / float64.
             k: ``None`` for the full ``n x n`` matrix, else only the top ``k`` rows (an integer).
+            checks: a caller's pending ``(ok, error)`` checks (a loss's label checks), read in the same single
+                host synchronisation as the operator's own.
 
         Returns:
             ``P`` of shape ``(B, n, n)`` or ``(B, k, n)``, dtype of ``scores``; each row sums to 1.
@@ -204,16 +206,18 @@ class RankingOperator(nn.Module):
         n = self._check_call(PERMUTATION, "forward", scores)
         k = None if k is None else check_k(k, n)
         if scores.shape[0] == 0:
+            raise_failed(checks)
             return self._empty(scores, n if k is None else k, n)
-        x = self._compute_input(scores)
+        x = self._compute_input(scores, checks)
         return self._permutation(x, k).to(scores.dtype)
 
-    def topk_membership(self, scores: Tensor, ks: Sequence[int]) -> Tensor:
+    def topk_membership(self, scores: Tensor, ks: Sequence[int], checks: Sequence[Check] = ()) -> Tensor:
         """Probability that item j is among the top k, for each k in ``ks``.
 
         Args:
             scores: ``(B, n)`` floating tensor.
             ks: non-empty sequence of ints in ``[1, n]`` (an operator may accept more, e.g. LapSum's real k).
+            checks: a caller's pending checks, read with the operator's own (see :meth:`forward`).
 
         Returns:
             ``(B, len(ks), n)``, dtype of ``scores``.
@@ -222,17 +226,20 @@ class RankingOperator(nn.Module):
             ValueError / TypeError: bad scores or ks, or an operator without ``"topk_membership"``.
         """
         n = self._check_call(TOPK_MEMBERSHIP, "topk_membership", scores)
-        ks, checks = self._check_ks(ks, n, scores)
+        ks, own = self._check_ks(ks, n, scores)
+        checks = [*own, *checks]
         if scores.shape[0] == 0:
+            raise_failed(checks)
             return self._empty(scores, len(ks), n)
         x = self._compute_input(scores, checks)
         return self._topk_membership(x, ks).to(scores.dtype)
 
-    def soft_sort(self, scores: Tensor) -> Tensor:
+    def soft_sort(self, scores: Tensor, checks: Sequence[Check] = ()) -> Tensor:
         """Soft-sorted scores in descending order (``P @ s`` for a P-providing operator).
 
         Args:
             scores: ``(B, n)`` floating tensor.
+            checks: a caller's pending checks, read with the operator's own (see :meth:`forward`).
 
         Returns:
             ``(B, n)`` of the dtype of ``scores``.
@@ -240,13 +247,14 @@ class RankingOperator(nn.Module):
         Raises:
             ValueError / TypeError: bad scores, or an operator without ``"soft_sort"``.
         """
-        return self._per_item(SOFT_SORT, "soft_sort", scores, self._soft_sort)
+        return self._per_item(SOFT_SORT, "soft_sort", scores, self._soft_sort, checks)
 
-    def soft_rank(self, scores: Tensor) -> Tensor:
+    def soft_rank(self, scores: Tensor, checks: Sequence[Check] = ()) -> Tensor:
         """Soft ranks (1 = largest); for a P-providing operator the expected rank ``Σ_r r · P[r, j]``.
 
         Args:
             scores: ``(B, n)`` floating tensor.
+            checks: a caller's pending checks, read with the operator's own (see :meth:`forward`).
 
         Returns:
             ``(B, n)`` of the dtype of ``scores``, summing to n(n + 1)/2; values in ``[1, n]`` unless P is only
@@ -255,14 +263,15 @@ class RankingOperator(nn.Module):
         Raises:
             ValueError / TypeError: bad scores, or an operator without ``"soft_rank"``.
         """
-        return self._per_item(SOFT_RANK, "soft_rank", scores, self._soft_rank)
+        return self._per_item(SOFT_RANK, "soft_rank", scores, self._soft_rank, checks)
 
-    def _per_item(self, capability: str, method: str, scores: Tensor, hook) -> Tensor:
+    def _per_item(self, capability: str, method: str, scores: Tensor, hook, checks: Sequence[Check] = ()) -> Tensor:
         """The template of the one-value-per-item methods (``soft_sort``, ``soft_rank``): ``(B, n)``."""
         n = self._check_call(capability, method, scores)
         if scores.shape[0] == 0:
+            raise_failed(checks)
             return self._empty(scores, n)
-        return hook(self._compute_input(scores)).to(scores.dtype)
+        return hook(self._compute_input(scores, checks)).to(scores.dtype)
 
     # -- the hooks a subclass implements ----------------------------------------------------------------
     def _permutation(self, x: Tensor, k: int | None) -> Tensor:
@@ -273,7 +282,16 @@ class RankingOperator(nn.Module):
         """Default: cumulative sums of the top ``max(ks)`` rows of P (Petersen et al. 2022, Eq. 2, inner
         sum Σ_{r<=k} P_{r,j}). Returns ``(B, len(ks), n)``."""
         csum = self._permutation(x, max(ks)).cumsum(dim=1)
-        return csum.index_select(1, torch.as_tensor([k - 1 for k in ks], device=x.device))
+        return csum.index_select(1, self._rows_index(ks, x.device))
+
+    def _rows_index(self, ks: Sequence[int], device: torch.device) -> Tensor:
+        """The int64 rows ``k - 1`` on ``device``, cached: a fresh host-to-device copy each call would be a
+        synchronisation per training step on CUDA."""
+        cache = self.__dict__.setdefault("_rows_index_cache", {})
+        key = (tuple(ks), str(device))
+        if key not in cache:
+            cache[key] = torch.as_tensor([k - 1 for k in ks], device=device)
+        return cache[key]
 
     def _soft_sort(self, x: Tensor) -> Tensor:
         """Default: ``P @ s``, ``(B, n)``."""

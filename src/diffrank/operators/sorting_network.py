@@ -386,7 +386,7 @@ class ComparatorNetwork(RankingOperator):
         """All n rows of P from the forward pass on (B, n, n), or the top k by bidirectional evaluation."""
         n = x.shape[1]
         if k is not None:
-            return self._rows(x, k, torch.eye(k, n))
+            return self._rows(x, k, torch.eye(k, n, device=x.device))
         net = build(self.network, n)
         p = self._run(net, x, "full")
         perm = net.out_perm_tensor(x.device)
@@ -395,7 +395,8 @@ class ComparatorNetwork(RankingOperator):
     def _topk_membership(self, x: Tensor, ks: list[int]) -> Tensor:
         """Σ_{r<k} P[r, j] for each k in one bidirectional pass from the indicator rows (Petersen et al.
         2022, Eq. 2 and 3), through the network built for max(ks)."""
-        w_out = torch.arange(x.shape[1]).unsqueeze(0) < torch.tensor(ks).unsqueeze(1)
+        # built on the device (the k's from a cached index): no host-to-device copy per call
+        w_out = torch.arange(x.shape[1], device=x.device).unsqueeze(0) <= self._rows_index(ks, x.device).unsqueeze(1)
         return self._rows(x, max(ks), w_out)
 
     def _soft_sort(self, x: Tensor) -> Tensor:
@@ -407,7 +408,7 @@ class ComparatorNetwork(RankingOperator):
 
     def _soft_rank(self, x: Tensor) -> Tensor:
         """Σ_r r·P[r, j] (1 = largest) from one bidirectional pass with the row (1, …, n)."""
-        return self._rows(x, None, torch.arange(1, x.shape[1] + 1).unsqueeze(0)).squeeze(1)
+        return self._rows(x, None, torch.arange(1, x.shape[1] + 1, device=x.device).unsqueeze(0)).squeeze(1)
 
     def extra_repr(self) -> str:
         return (f"beta={self.beta}, sigmoid={self.sigmoid!r}, art_lambda={self.art_lambda}, "
