@@ -35,6 +35,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from diffrank.kernels._common import block_size
+
 _KNOTS, _RANK_VJP, _INVERSE_VJP = 0, 1, 2
 
 
@@ -262,10 +264,6 @@ def _lapsum_topk_bwd(s_ptr, beta_ptr, t_ptr, k_ptr, g_ptr, ds_ptr, dk_ptr, n, M,
 _MAX_BLOCK = 1024  # items per block of a row; longer rows loop over blocks (the tests lower it)
 
 
-def _block(n: int) -> int:
-    return min(_MAX_BLOCK, triton.next_power_of_2(max(int(n), 16)))
-
-
 def _dtype(x: Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
@@ -279,7 +277,7 @@ def _knots(s_sorted: Tensor, beta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(A, B, knots), each ``(B, n)``, of descending scores ``s_sorted``."""
     R, n = s_sorted.shape
     a, b, knots = (torch.empty(R, n, dtype=beta.dtype, device=s_sorted.device) for _ in range(3))
-    _lapsum_scan[(R,)](s_sorted, beta, s_sorted, s_sorted, b, a, knots, n, MODE=_KNOTS, BLOCK=_block(n))
+    _lapsum_scan[(R,)](s_sorted, beta, s_sorted, s_sorted, b, a, knots, n, MODE=_KNOTS, BLOCK=block_size(n, _MAX_BLOCK))
     return a, b, knots
 
 
@@ -312,7 +310,7 @@ def _inverse_vjp(s_sorted: Tensor, beta: Tensor, t: Tensor, c: Tensor, a: Tensor
     scratch = torch.empty(2, R, n, dtype=beta.dtype, device=t.device)
     g = torch.empty(R, n, dtype=beta.dtype, device=t.device)
     _lapsum_scan[(R,)](s_sorted, beta, gaps[0], gaps[1], scratch[0], scratch[1], g, n, MODE=_INVERSE_VJP,
-                       BLOCK=_block(n))
+                       BLOCK=block_size(n, _MAX_BLOCK))
     return g
 
 
@@ -329,7 +327,7 @@ class _TopK(torch.autograd.Function):
         t = _inverse(s.sort(dim=-1, descending=True).values, bt, torch.where(kk >= n, n / 2, kk))[0]
         M = kk.shape[-1]
         p = torch.empty(R, M, n, dtype=scores.dtype, device=s.device)
-        _lapsum_topk_fwd[(R * M,)](s, bt, t, kk, p, n, M, BLOCK=_block(n))
+        _lapsum_topk_fwd[(R * M,)](s, bt, t, kk, p, n, M, BLOCK=block_size(n, _MAX_BLOCK))
         ctx.save_for_backward(s, bt, t, kk)
         return p
 
@@ -340,7 +338,7 @@ class _TopK(torch.autograd.Function):
         M = kk.shape[-1]
         ds = torch.zeros(R, n, dtype=bt.dtype, device=s.device)
         dk = torch.empty(R, M, dtype=bt.dtype, device=s.device)
-        _lapsum_topk_bwd[(R,)](s, bt, t, kk, grad_p.contiguous(), ds, dk, n, M, BLOCK=_block(n))
+        _lapsum_topk_bwd[(R,)](s, bt, t, kk, grad_p.contiguous(), ds, dk, n, M, BLOCK=block_size(n, _MAX_BLOCK))
         grad_k = dk.to(kk.dtype) if ctx.needs_input_grad[1] else None
         return ds.to(s.dtype), grad_k, None
 
@@ -364,7 +362,7 @@ class _Rank(torch.autograd.Function):
         scratch = torch.empty(2, R, n, dtype=bt.dtype, device=v.device)
         g = torch.empty(R, n, dtype=bt.dtype, device=v.device)
         _lapsum_scan[(R,)](s_sorted.contiguous(), bt, v, ab, scratch[0], scratch[1], g, n, MODE=_RANK_VJP,
-                           BLOCK=_block(n))
+                           BLOCK=block_size(n, _MAX_BLOCK))
         return _unsort(g, order).to(s_sorted.dtype), None
 
 

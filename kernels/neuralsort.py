@@ -28,6 +28,8 @@ import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from diffrank.kernels._common import acc, acc_torch, block_size
+
 
 @triton.jit
 def _neuralsort_fwd(s_ptr, a_ptr, p_ptr, beta_ptr, n, k, BLOCK: tl.constexpr, ACC: tl.constexpr):
@@ -95,18 +97,6 @@ def _neuralsort_bwd(p_ptr, g_ptr, dot_ptr, ds_ptr, da_ptr, beta_ptr, n, k, BLOCK
     tl.store(da_ptr + b * n + offs, -dsum * beta, mask=mask)
 
 
-def _block(n: int) -> int:
-    return min(1024, triton.next_power_of_2(max(int(n), 16)))
-
-
-def _acc(dtype: torch.dtype):
-    return tl.float64 if dtype == torch.float64 else tl.float32
-
-
-def _acc_torch(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 class _NeuralSortRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores: Tensor, row_sums: Tensor, k: int, beta: float) -> Tensor:
@@ -114,8 +104,8 @@ class _NeuralSortRows(torch.autograd.Function):
         B, n = s.shape
         p = torch.empty(B, k, n, dtype=s.dtype, device=s.device)
         # β as a tensor: a Python float argument would reach the kernel rounded to float32
-        beta_t = torch.full((1,), beta, dtype=_acc_torch(s.dtype), device=s.device)  # a fill: no host copy
-        _neuralsort_fwd[(B * k,)](s, a, p, beta_t, n, k, BLOCK=_block(n), ACC=_acc(s.dtype))
+        beta_t = torch.full((1,), beta, dtype=acc_torch(s.dtype), device=s.device)  # a fill: no host copy
+        _neuralsort_fwd[(B * k,)](s, a, p, beta_t, n, k, BLOCK=block_size(n), ACC=acc(s.dtype))
         ctx.save_for_backward(p, beta_t)
         ctx.dtypes = (s.dtype, a.dtype)
         return p
@@ -125,17 +115,17 @@ class _NeuralSortRows(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         p, beta_t = ctx.saved_tensors
         B, k, n = p.shape
-        acc = _acc_torch(p.dtype)
+        acc_dtype = acc_torch(p.dtype)
         g = grad.contiguous()
-        dot = torch.empty(B * k, dtype=acc, device=p.device)
-        ds = torch.empty(B, n, dtype=acc, device=p.device)
-        da = torch.empty(B, n, dtype=acc, device=p.device)
-        block = _block(n)
-        _row_dot[(B * k,)](p, g, dot, n, BLOCK=block, ACC=_acc(p.dtype))
+        dot = torch.empty(B * k, dtype=acc_dtype, device=p.device)
+        ds = torch.empty(B, n, dtype=acc_dtype, device=p.device)
+        da = torch.empty(B, n, dtype=acc_dtype, device=p.device)
+        block = block_size(n)
+        _row_dot[(B * k,)](p, g, dot, n, BLOCK=block, ACC=acc(p.dtype))
         # the item blocks of the backward are narrower than the forward's rows: more programs per sample
         item_block = min(block, 256)
         _neuralsort_bwd[(B, triton.cdiv(n, item_block))](p, g, dot, ds, da, beta_t, n, k, BLOCK=item_block,
-                                                         ACC=_acc(p.dtype))
+                                                         ACC=acc(p.dtype))
         return ds.to(ctx.dtypes[0]), da.to(ctx.dtypes[1]), None, None
 
 

@@ -33,6 +33,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from diffrank.kernels._common import acc, acc_torch
+
 # the largest number of items or targets whose tile stays on chip (a 128 x 128 float32 tile is 64 KiB of
 # registers over 8 warps); larger problems run the PyTorch path
 MAX_SIZE = 128
@@ -135,10 +137,6 @@ def _blocks(n: int, m: int) -> tuple[int, int]:
     return triton.next_power_of_2(max(n, 16)), triton.next_power_of_2(max(m, 16))
 
 
-def _acc(dtype: torch.dtype):
-    return tl.float64 if dtype == torch.float64 else tl.float32
-
-
 def sinkhorn_updates(cost: Tensor, log_mu: Tensor, log_nu: Tensor, f: Tensor, g: Tensor, eps: Tensor,
                      check: bool, history: bool = False) -> tuple[Tensor | None, tuple[Tensor, Tensor] | None]:
     """Run ``eps.shape[-1]`` log-domain Sinkhorn iterations in place on the potentials, one program per row.
@@ -183,7 +181,7 @@ def sinkhorn_updates(cost: Tensor, log_mu: Tensor, log_nu: Tensor, f: Tensor, g:
     bn, bm = _blocks(n, m)
     _sinkhorn_run[(R,)](c, lmu, lnu, eps, f, g, err, fh, gh, n, m, steps, 0 if lmu.shape[0] == 1 else n,
                         0 if lnu.shape[0] == 1 else m, 0 if eps.shape[0] == 1 else steps, CHECK=check,
-                        HISTORY=history, BN=bn, BM=bm, ACC=_acc(cost.dtype),
+                        HISTORY=history, BN=bn, BM=bm, ACC=acc(cost.dtype),
                         num_warps=8 if bn * bm >= 64 * 64 else 4)
     return (err if check else None), ((fh, gh) if history else None)
 
@@ -207,19 +205,19 @@ def sinkhorn_backward(cost: Tensor, runs: list[tuple[Tensor, Tensor, Tensor]], d
         ValueError: if a gradient buffer has the wrong shape, dtype or layout.
     """
     R, n, m = cost.shape
-    acc = torch.float64 if cost.dtype == torch.float64 else torch.float32
+    acc_dtype = acc_torch(cost.dtype)
     for x, shape in ((d_cost, (R, n, m)), (d_f, (R, n)), (d_g, (R, m))):
-        if x.shape != shape or x.dtype != acc or not x.is_contiguous():
-            raise ValueError(f"gradient buffers must be contiguous {acc} tensors of shapes (R, n, m), (R, n), "
+        if x.shape != shape or x.dtype != acc_dtype or not x.is_contiguous():
+            raise ValueError(f"gradient buffers must be contiguous {acc_dtype} tensors of shapes (R, n, m), (R, n), "
                              f"(R, m); got {tuple(x.shape)} {x.dtype}")
     c = cost.contiguous()
-    d_mu = torch.zeros(R, n, dtype=acc, device=cost.device)
-    d_nu = torch.zeros(R, m, dtype=acc, device=cost.device)
+    d_mu = torch.zeros(R, n, dtype=acc_dtype, device=cost.device)
+    d_nu = torch.zeros(R, m, dtype=acc_dtype, device=cost.device)
     bn, bm = _blocks(n, m)
     for eps, fh, gh in reversed(runs):
         eps = eps.to(cost.dtype).contiguous()
         steps = eps.shape[1]
         _sinkhorn_bwd_run[(R,)](c, eps, fh, gh, d_cost, d_f, d_g, d_mu, d_nu, n, m, steps,
-                                0 if eps.shape[0] == 1 else steps, BN=bn, BM=bm, ACC=_acc(cost.dtype),
+                                0 if eps.shape[0] == 1 else steps, BN=bn, BM=bm, ACC=acc(cost.dtype),
                                 num_warps=16 if bn * bm >= 128 * 128 else 8 if bn * bm >= 64 * 64 else 4)
     return d_cost, d_mu, d_nu

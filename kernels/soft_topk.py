@@ -28,6 +28,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from diffrank.kernels._common import block_size
+
 
 @triton.jit
 def _sigmoid(h):
@@ -130,10 +132,6 @@ def _soft_topk_bwd(s_ptr, scale_ptr, delta_ptr, g_ptr, ds_ptr, n, M, BLOCK: tl.c
 _MAX_BLOCK = 1024  # items per block of a row; longer rows loop over blocks (the tests lower it)
 
 
-def _block(n: int) -> int:
-    return min(_MAX_BLOCK, triton.next_power_of_2(max(int(n), 16)))
-
-
 class _SoftTopKNewton(torch.autograd.Function):
     """A[b, m] = σ(z_b + Δ_bm) with Σ_i A = k_m; backward by the implicit function theorem."""
 
@@ -150,7 +148,8 @@ class _SoftTopKNewton(torch.autograd.Function):
         a = torch.empty(B, M, n, dtype=scores.dtype, device=s.device)
         delta = torch.empty(B * M, dtype=torch.float64, device=s.device)
         stat = torch.empty(B * M, 2, dtype=torch.float64, device=s.device)
-        _soft_topk_fwd[(B * M,)](s, start, kr, scale, a, delta, stat, n, M, int(max_iter), BLOCK=_block(n))
+        _soft_topk_fwd[(B * M,)](s, start, kr, scale, a, delta, stat, n, M, int(max_iter),
+                                 BLOCK=block_size(n, _MAX_BLOCK))
         it_err = stat.amax(0).tolist()  # one host synchronisation, as the PyTorch path's stopping rule
         info["iterations"], info["error"] = int(it_err[0]), it_err[1]
         ctx.save_for_backward(s, scale, delta)
@@ -163,7 +162,7 @@ class _SoftTopKNewton(torch.autograd.Function):
         B, n = s.shape
         M = ctx.M
         ds = torch.empty(B, M, n, dtype=torch.float64, device=s.device)
-        _soft_topk_bwd[(B * M,)](s, scale, delta, grad_a.contiguous(), ds, n, M, BLOCK=_block(n))
+        _soft_topk_bwd[(B * M,)](s, scale, delta, grad_a.contiguous(), ds, n, M, BLOCK=block_size(n, _MAX_BLOCK))
         return ds.sum(1).to(s.dtype), None, None, None, None
 
 

@@ -23,6 +23,8 @@ import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from diffrank.kernels._common import acc, acc_torch, block_size
+
 
 @triton.jit
 def _softsort_fwd(s_ptr, t_ptr, p_ptr, beta_ptr, n, k, BLOCK: tl.constexpr, ACC: tl.constexpr):
@@ -96,18 +98,6 @@ def _softsort_bwd_items(s_ptr, t_ptr, p_ptr, g_ptr, beta_ptr, dot_ptr, ds_ptr, n
     tl.store(ds_ptr + b * n + offs, -beta * ds, mask=mask)
 
 
-def _block(n: int) -> int:
-    return min(1024, triton.next_power_of_2(max(int(n), 16)))
-
-
-def _acc(dtype: torch.dtype):
-    return tl.float64 if dtype == torch.float64 else tl.float32
-
-
-def _acc_torch(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 class _SoftSortRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores: Tensor, top: Tensor, beta: float) -> Tensor:
@@ -116,8 +106,8 @@ class _SoftSortRows(torch.autograd.Function):
         k = t.shape[1]
         p = torch.empty(B, k, n, dtype=scores.dtype, device=scores.device)
         # β as a tensor: a Python float argument would reach the kernel rounded to float32
-        beta_t = torch.full((1,), beta, dtype=_acc_torch(s.dtype), device=s.device)  # a fill: no host copy
-        _softsort_fwd[(B * k,)](s, t, p, beta_t, n, k, BLOCK=_block(n), ACC=_acc(s.dtype))
+        beta_t = torch.full((1,), beta, dtype=acc_torch(s.dtype), device=s.device)  # a fill: no host copy
+        _softsort_fwd[(B * k,)](s, t, p, beta_t, n, k, BLOCK=block_size(n), ACC=acc(s.dtype))
         ctx.save_for_backward(s, t, p, beta_t)
         return p
 
@@ -128,15 +118,15 @@ class _SoftSortRows(torch.autograd.Function):
         B, n = s.shape
         k = t.shape[1]
         g = grad.contiguous()
-        acc = _acc_torch(s.dtype)
-        dot = torch.empty(B * k, dtype=acc, device=s.device)
-        dt = torch.empty(B, k, dtype=acc, device=s.device)
-        ds = torch.empty(B, n, dtype=acc, device=s.device)
-        block = _block(n)
-        _softsort_bwd_rows[(B * k,)](s, t, p, g, beta_t, dot, dt, n, k, BLOCK=block, ACC=_acc(s.dtype))
+        acc_dtype = acc_torch(s.dtype)
+        dot = torch.empty(B * k, dtype=acc_dtype, device=s.device)
+        dt = torch.empty(B, k, dtype=acc_dtype, device=s.device)
+        ds = torch.empty(B, n, dtype=acc_dtype, device=s.device)
+        block = block_size(n)
+        _softsort_bwd_rows[(B * k,)](s, t, p, g, beta_t, dot, dt, n, k, BLOCK=block, ACC=acc(s.dtype))
         item_block = min(block, 256)
         _softsort_bwd_items[(B, triton.cdiv(n, item_block))](s, t, p, g, beta_t, dot, ds, n, k, BLOCK=item_block,
-                                                             ACC=_acc(s.dtype))
+                                                             ACC=acc(s.dtype))
         return ds.to(s.dtype), dt.to(t.dtype), None
 
 

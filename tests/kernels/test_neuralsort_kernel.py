@@ -3,38 +3,18 @@ the CPU, compiled on CUDA)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from kernel_devices import DEVICE, DEVICES, ON_DEVICE, both_backends
 from torch import Tensor
 
 from diffrank.operators.neuralsort import NeuralSort, abs_diff_row_sums
 
 pytestmark = pytest.mark.triton
 
-# the kernels run compiled on CUDA tensors, and on CPU tensors only under the interpreter (tests/conftest.py
-# sets TRITON_INTERPRET=1 where there is no GPU); DEVICE hosts the tests that run on one device only
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
-ON_DEVICE = pytest.mark.skipif(DEVICE == "cpu" and not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
-DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRET, reason="CPU kernels need TRITON_INTERPRET=1")),
-           pytest.param("cuda", marks=[pytest.mark.gpu,
-                                       pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])]
-
-
 def _both(s: Tensor, k: int, beta: float = 1.7) -> list[tuple[Tensor, Tensor]]:
     """P and ∂⟨P, W⟩/∂s from the PyTorch path and from the kernels, for the same weights W."""
-    out = []
-    w = None
-    for backend in ("torch", "triton"):
-        x = s.clone().requires_grad_()
-        p = NeuralSort(beta=beta, backend=backend)(x, k=k)
-        if w is None:
-            w = torch.randn(p.shape, generator=torch.Generator().manual_seed(1)).to(p)
-        (p.float() * w.float()).sum().backward()
-        out.append((p, x.grad))
-    return out
+    return [(p, g) for p, g, _ in both_backends(lambda backend: NeuralSort(beta=beta, backend=backend), s, k)]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -4,10 +4,10 @@ same iterations, same plan, same gradient."""
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
+from kernel_devices import DEVICE, DEVICES, ON_DEVICE, both_backends
 from torch import Tensor
 
 from diffrank.operators.log_sinkhorn import SinkhornSchedule, log_sinkhorn
@@ -15,29 +15,10 @@ from diffrank.operators.sinkhorn import SinkhornSort
 
 pytestmark = pytest.mark.triton
 
-# the kernels run compiled on CUDA tensors, and on CPU tensors only under the interpreter (tests/conftest.py
-# sets TRITON_INTERPRET=1 where there is no GPU); DEVICE hosts the tests that run on one device only
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
-ON_DEVICE = pytest.mark.skipif(DEVICE == "cpu" and not INTERPRET, reason="needs CUDA or TRITON_INTERPRET=1")
-DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRET, reason="CPU kernels need TRITON_INTERPRET=1")),
-           pytest.param("cuda", marks=[pytest.mark.gpu,
-                                       pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])]
-
-
 def _both(s: Tensor, k: int, **kwargs) -> list[tuple[Tensor, Tensor, int]]:
     """P, ∂⟨P, W⟩/∂s and the iterations used, from the PyTorch loop and from the kernel, for the same W."""
-    out = []
-    w = None
-    for backend in ("torch", "triton"):
-        x = s.clone().requires_grad_()
-        op = SinkhornSort(backend=backend, **kwargs)
-        p = op(x, k=k)
-        if w is None:
-            w = torch.randn(p.shape, generator=torch.Generator().manual_seed(1)).to(p)
-        (p.float() * w.float()).sum().backward()
-        out.append((p, x.grad, op.last_iterations))
-    return out
+    return [(p, g, op.last_iterations)
+            for p, g, op in both_backends(lambda backend: SinkhornSort(backend=backend, **kwargs), s, k)]
 
 
 F32, F64 = torch.float32, torch.float64

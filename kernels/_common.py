@@ -1,0 +1,23 @@
+"""Launch helpers the kernel modules share: block sizes and the accumulation dtype."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+def block_size(n: int, cap: int | None = 1024) -> int:
+    """The power-of-two block covering ``n`` elements (at least 16; at most ``cap`` when given)."""
+    b = triton.next_power_of_2(max(int(n), 16))
+    return b if cap is None else min(cap, b)
+
+
+def acc(dtype: torch.dtype):
+    """The Triton accumulation dtype: float64 for float64 inputs, float32 otherwise."""
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def acc_torch(dtype: torch.dtype) -> torch.dtype:
+    """:func:`acc` as a torch dtype."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
