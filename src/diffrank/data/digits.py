@@ -177,3 +177,7 @@ class DigitsDataModule(L.LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         """Test batches."""
         return self._loader("test", False)
+
+    def reference_dataloader(self) -> DataLoader:
+        """The training split in order: the set a kNN classifier searches."""
+        return self._loader("train", False)

@@ -54,4 +54,127 @@ def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
 
-__all__ = ["SmallCNN", "count_parameters", "torch"]
+
+
+
+def _flat_size(features: nn.Module, image_shape: Sequence[int]) -> int:
+    with torch.no_grad():
+        return int(features(torch.zeros(1, *(int(v) for v in image_shape))).numel())
+
+
+class TwoLayerConvNet(nn.Module):
+    """The 2-layer conv net of the deep kNN experiments on MNIST (Grover et al. 2019, §5.2; Xie et al. 2020,
+    App. I Table 3): conv 5×5 (20) → ReLU → max-pool 2 → conv 5×5 (50) → ReLU → max-pool 2 → linear
+    (``feature_dim``, 500 in the papers) → ReLU. It is the feature network f_θ: the classifier's last linear
+    layer and softmax are not part of it (Xie et al. 2020, App. I).
+
+    Args:
+        image_shape: (C, H, W); 28×28 gives 4×4×50 = 800 inputs to the linear layer.
+        channels: widths of the two conv layers.
+        feature_dim: output features.
+        padding: conv padding (0 as in the papers; 2 keeps 8×8 digits large enough for two pools).
+
+    Shapes: ``(B, C, H, W)`` float32 → ``(B, feature_dim)`` float32, ≥ 0.
+
+    Raises:
+        ValueError: an image too small for the two conv + pool stages.
+    """
+
+    def __init__(self, image_shape: Sequence[int] = (1, 28, 28), channels: Sequence[int] = (20, 50),
+                 feature_dim: int = 500, padding: int = 0) -> None:
+        super().__init__()
+        c1, c2 = (int(v) for v in channels)
+        # pool before ReLU: the same values (max and ReLU commute) with a quarter of the ReLU work
+        self.conv = nn.Sequential(nn.Conv2d(int(image_shape[0]), c1, 5, padding=padding), nn.MaxPool2d(2), nn.ReLU(),
+                                  nn.Conv2d(c1, c2, 5, padding=padding), nn.MaxPool2d(2), nn.ReLU(), nn.Flatten())
+        try:
+            flat = _flat_size(self.conv, image_shape)
+        except RuntimeError as e:
+            raise ValueError(f"image_shape {tuple(image_shape)} is too small for two 5x5 conv + 2x2 pool stages "
+                             f"with padding {padding}") from e
+        self.fc = nn.Sequential(nn.Linear(flat, int(feature_dim)), nn.ReLU())
+        self.feature_dim = int(feature_dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Features ``(B, feature_dim)`` of images ``(B, C, H, W)``."""
+        return self.fc(self.conv(x))
+
+
+class CifarResNet18(nn.Module):
+    """ResNet-18 for 32×32 images as a feature network (the CIFAR-10 deep kNN net; Xie et al. 2020, App. I):
+    torchvision's ResNet-18 with a 3×3 stride-1 stem and no stem max-pool (the usual CIFAR variant), the final
+    linear layer removed.
+
+    Args:
+        in_channels: image channels.
+
+    Shapes: ``(B, C, 32, 32)`` float32 → ``(B, 512)`` float32, ≥ 0 (after the global average pool).
+    """
+
+    def __init__(self, in_channels: int = 3) -> None:
+        super().__init__()
+        import torchvision
+
+        net = torchvision.models.resnet18(num_classes=10)
+        net.conv1 = nn.Conv2d(int(in_channels), 64, 3, stride=1, padding=1, bias=False)
+        net.maxpool = nn.Identity()
+        net.fc = nn.Identity()
+        self.net = net
+        self.feature_dim = 512
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Features ``(B, 512)`` of images ``(B, C, H, W)``."""
+        return self.net(x)
+
+
+class PixelFeatures(nn.Module):
+    """Raw pixels as features (the kNN baseline of Grover et al. 2019 / Xie et al. 2020, Table 1).
+
+    Shapes: ``(B, C, H, W)`` → ``(B, C·H·W)``, same dtype.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Flattened images."""
+        return x.flatten(1)
+
+
+class PCAFeatures(nn.Module):
+    """Projection on the top principal components of the training images (the kNN+PCA baseline, 50
+    components; Grover et al. 2019, Xie et al. 2020 Table 1), fitted with scikit-learn's ``PCA``.
+
+    Args:
+        image_shape: (C, H, W) of the input.
+        n_components: number of components.
+
+    Shapes: ``(B, C, H, W)`` float32 → ``(B, n_components)`` float32.
+
+    Raises:
+        RuntimeError: ``forward`` before :meth:`fit` (the kNN module fits it on the training split).
+    """
+
+    def __init__(self, image_shape: Sequence[int] = (1, 28, 28), n_components: int = 50) -> None:
+        super().__init__()
+        d = 1
+        for v in image_shape:
+            d *= int(v)
+        self.n_components = int(n_components)
+        self.register_buffer("mean", torch.zeros(d))
+        self.register_buffer("components", torch.zeros(self.n_components, d))
+        self.register_buffer("fitted", torch.zeros((), dtype=torch.bool))
+
+    def fit(self, images: Tensor) -> None:
+        """Fit on ``(N, C, H, W)`` images (N ≥ n_components)."""
+        from sklearn.decomposition import PCA
+
+        pca = PCA(n_components=self.n_components, svd_solver="randomized", random_state=0)
+        pca.fit(images.flatten(1).double().cpu().numpy())
+        self.mean.copy_(torch.from_numpy(pca.mean_))
+        self.components.copy_(torch.from_numpy(pca.components_))
+        self.fitted.fill_(True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Component scores ``(B, n_components)``."""
+        if not self.fitted:
+            raise RuntimeError("PCAFeatures.forward before fit(): fit it on the training images first")
+        return (x.flatten(1) - self.mean) @ self.components.T
+__all__ = ["CifarResNet18", "PCAFeatures", "PixelFeatures", "SmallCNN", "TwoLayerConvNet", "count_parameters"]

@@ -3,7 +3,9 @@
 Copied from the project's reference folder (columns: ``paper, table, dataset, model, method, operator,
 sigmoid, network, n, pk, m, setting, metric, value, std, n_runs, note``; all strings, empty = not
 applicable; accuracies in %). ``lapsum_icml2025_table4.csv`` is transcribed from LapSum (Struski et al.,
-ICML 2025) Table 4 in the same format.
+ICML 2025) Table 4 in the same format, ``lapsum_icml2025_table3.csv`` from its Table 3 (deep kNN) and
+``soft_topk_neurips2020_table1.csv`` from SOFT top-k (Xie et al., NeurIPS 2020) Table 1 (deep kNN; ``n`` empty,
+k = 9 in ``setting``).
 
 An experiment's ``paper:`` key is a dict of some of these columns (e.g. ``{paper: petersen_thesis_2022,
 table: "3.7", dataset: mnist4, method: Cauchy CDF, network: odd_even, n: 5}``); :func:`match` returns the
