@@ -134,14 +134,3 @@ def test_kernel_rejects_bad_arguments():
         sinkhorn_updates(cost.bfloat16(), lmu, lnu, f, g, torch.ones(1, 2), False)
     with pytest.raises(ValueError, match="at most"):
         sinkhorn_updates(torch.rand(1, 129, 3), lmu, lnu, f, g, torch.ones(1, 2), False)
-
-
-def test_unknown_backend_raises():
-    with pytest.raises(ValueError, match="backend"):
-        SinkhornSort(backend="bogus")
-
-
-def test_triton_on_cpu_without_the_interpreter_raises(monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
-        SinkhornSort(backend="triton")(torch.randn(2, 4), k=2)
