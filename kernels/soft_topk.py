@@ -69,6 +69,7 @@ def _soft_topk_fwd(s_ptr, start_ptr, k_ptr, scale_ptr, a_ptr, delta_ptr, stat_pt
     it = tl.full([], 0, tl.int32)
     done = tl.full([], 0, tl.int32)
     phi = delta * 0.0
+    prev = delta * 0.0 + float("inf")  # |phi| of the previous iteration
     while (it < max_iter) & (done == 0):
         acc = tl.zeros([BLOCK], tl.float64)
         dacc = tl.zeros([BLOCK], tl.float64)
@@ -86,9 +87,12 @@ def _soft_topk_fwd(s_ptr, start_ptr, k_ptr, scale_ptr, a_ptr, delta_ptr, stat_pt
         up = phi > 0
         hi = tl.where(up, delta, hi)
         lo = tl.where(up, lo, delta)
-        # a step outside the bracket (a saturated row has slope 0: the step is huge) bisects instead
+        # a step outside the bracket (a saturated row has slope 0: the step is huge) bisects instead, and so
+        # does one after a Newton step that did not halve |phi| (two steep sigmoids make Newton ping-pong
+        # between them inside the bracket, which then shrinks by 1e-3 per iteration)
         step = delta - phi / tl.maximum(tl.sum(dacc, axis=0), 1e-300)
-        inside = (step >= lo) & (step <= hi)
+        inside = (step >= lo) & (step <= hi) & (tl.abs(phi) <= 0.5 * prev)
+        prev = tl.abs(phi)
         delta = tl.where(done != 0, delta, tl.where(inside, step, (lo + hi) / 2.0))
     tl.store(delta_ptr + pid, delta)
     tl.store(stat_ptr + 2 * pid, it.to(tl.float64))

@@ -60,8 +60,9 @@ def _two_anchor_newton(C: Tensor, log_nu: Tensor, eps: float, max_iter: int) -> 
 
     With uniform μ = 1/n and f eliminated, Γ_i0 = σ(z_i + Δ)/n, Γ_i1 = σ(-(z_i + Δ))/n, z_i = (C_i1 - C_i0)/ε,
     and the anchor marginal fixes the scalar Δ = (g_0 - g_1)/ε: Σ_i σ(z_i + Δ) = n ν_0 (= k). The left side
-    is increasing in Δ, so Newton steps kept inside a shrinking bracket (bisection when a step leaves it)
-    converge in tens of iterations where Sinkhorn's alternating updates need thousands on near-hard plans.
+    is increasing in Δ, so Newton steps kept inside a shrinking bracket (bisection when a step leaves it or
+    did not halve the residual) converge in tens of iterations where Sinkhorn's alternating updates need
+    thousands on near-hard plans.
     Item marginals are exact by construction; iterations stop when |Σ_i σ(z_i + Δ) - k| < 1e-13 n (float64
     rounding; quadratic convergence makes the last digits cheap) or the bracket has collapsed.
 
@@ -79,6 +80,7 @@ def _two_anchor_newton(C: Tensor, log_nu: Tensor, eps: float, max_iter: int) -> 
     delta = -(zs.gather(-1, (idx - 1).unsqueeze(-1)) + zs.gather(-1, idx.unsqueeze(-1))).squeeze(-1) / 2
     lo, hi = -zs[:, 0] - 40.0, -zs[:, -1] + 40.0  # Σσ < k at lo and > k at hi (σ(±40) ≈ 4e-18)
     it, err, thr = 0, float("inf"), 1e-13 * n
+    prev = torch.full_like(delta, float("inf"))  # |phi| of the previous iteration
     while it < max_iter:
         sig = torch.sigmoid(z + delta.unsqueeze(-1))
         phi = sig.sum(-1) - target
@@ -91,7 +93,10 @@ def _two_anchor_newton(C: Tensor, log_nu: Tensor, eps: float, max_iter: int) -> 
         hi = torch.where(phi > 0, delta, hi)
         lo = torch.where(phi > 0, lo, delta)
         step = delta - phi / (sig * (1 - sig)).sum(-1)
-        inside = torch.isfinite(step) & (step >= lo) & (step <= hi)
+        # Newton only while it halves |phi|: between two steep sigmoids (near-tied scores at a large β) it
+        # ping-pongs inside the bracket, which then shrinks by 1e-3 per iteration; bisection does not stall
+        inside = torch.isfinite(step) & (step >= lo) & (step <= hi) & (phi.abs() <= 0.5 * prev)
+        prev = phi.abs()
         delta = torch.where(done, delta, torch.where(inside, step, (lo + hi) / 2))
     h = z + delta.unsqueeze(-1)
     return torch.stack([torch.sigmoid(h), torch.sigmoid(-h)], dim=-1) / n, it, err
