@@ -1,0 +1,1 @@
+"""Exact and relaxed algorithms used as supervision (shortest paths on grids)."""
