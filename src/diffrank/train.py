@@ -197,6 +197,9 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
                 "variant_of": used["variant_of"],
                 "metrics": metrics, "choices": used["choices"], "overrides": info["overrides"],
                 "seed": cfg.get("seed"), "split_seed": cfg.data.get("split_seed") if cfg.get("data") else None,
+                # generated stand-ins for unavailable data (scripts/make_warcraft_like.py) say so in every record
+                "synthetic_data": bool(getattr(datamodule, "synthetic", False)),
+                "synthetic_info": getattr(datamodule, "synthetic_info", None),
                 "global_step": done["checkpoint"]["global_step"] if done["evaluated_checkpoint"]
                 else int(trainer.global_step),
                 "optimizer_steps": steps, "world_size": world_size, "per_device_batch": per_device,
