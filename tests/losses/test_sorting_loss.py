@@ -7,9 +7,18 @@ import itertools
 import pytest
 import torch
 
-from diffrank.losses.sorting import SoftRankMSELoss, SortingBCELoss, permutation_matrix, true_order, true_ranks
+from diffrank.losses.sorting import (
+    BubbleSwapLoss,
+    SoftRankMSELoss,
+    SortingBCELoss,
+    permutation_matrix,
+    true_order,
+    true_ranks,
+)
 from diffrank.operators import load
 from diffrank.operators.base import RankingOperator
+from diffrank.operators.neuralsort import NeuralSort
+from diffrank.operators.relaxed_bubble_sort import RelaxedBubbleSort
 
 
 class FixedP(RankingOperator):
@@ -90,3 +99,22 @@ def test_bad_scores_or_values():
         loss(torch.zeros(2, 3), torch.zeros(2, 4))
     with pytest.raises(ValueError, match="non-finite"):
         loss(torch.tensor([[0.0, float("nan")]]), torch.tensor([[1, 2]]))
+
+
+def test_bubble_swap_loss_by_hand():
+    """n = 2: one comparison of the scores listed in true ascending order, swap probability σ(β(a - b))."""
+    loss = BubbleSwapLoss(RelaxedBubbleSort(beta=2.0))
+    scores = torch.tensor([[0.3, -0.2], [1.0, 2.0]], dtype=torch.float64)
+    values = torch.tensor([[5.0, 1.0], [1.0, 5.0]], dtype=torch.float64)  # ascending items: [1, 0] and [0, 1]
+    want = (torch.sigmoid(2.0 * torch.tensor(-0.2 - 0.3)) + torch.sigmoid(2.0 * torch.tensor(1.0 - 2.0))) / 2
+    assert torch.allclose(loss(scores, values), want.double())
+
+
+def test_bubble_swap_loss_counts_inversions_and_rejects_other_operators():
+
+    loss = BubbleSwapLoss(RelaxedBubbleSort(beta=1e4, early_exit=False))
+    values = torch.tensor([[0.0, 1.0, 2.0, 3.0]])
+    assert loss(values.clone(), values).item() < 1e-6                        # sorted: no swap
+    assert abs(loss(values.flip(1).clone(), values).item() - 6.0) < 1e-4     # reversed: n(n-1)/2 inversions
+    with pytest.raises(ValueError, match="relaxed_bubble_sort"):
+        BubbleSwapLoss(NeuralSort())

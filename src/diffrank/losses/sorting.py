@@ -9,6 +9,8 @@ Ties among true values are broken by item index (stable sort), as in :mod:`diffr
   log at -100), or the column-wise cross-entropy of thesis Eq. 3.12, ``-(1/n) Σ_c log P[π(c), c]``
   (``form="ce"``; with ``"ce_rows"`` the row-wise form of LapSum's permutation loss, ``-(1/n) Σ_r log
   P[r, π⁻¹(r)]``).
+- :class:`BubbleSwapLoss` (``loss=sort_swaps``): the relaxed number of swaps the relaxed bubble sort makes on
+  the scores listed in their true order (thesis §2.3, Table 2.1): 0 exactly when the scores are sorted.
 - :class:`SoftRankMSELoss` (``loss=sort_rank_mse``): mean squared error between soft ranks and the true
   ranks (1 = largest), for operators that give no P (Fast Sort & Rank; thesis §3.5 "Training Settings").
 """
@@ -117,6 +119,45 @@ class SortingBCELoss(nn.Module):
             return -(q * log_p + (1 - q) * log_1mp).mean()
         picked = (q * log_p).sum(dim=1 if self.form == "ce" else 2)  # (B, n): per column / per row
         return -picked.mean()
+
+
+class BubbleSwapLoss(nn.Module):
+    """Relaxed swap count of the relaxed bubble sort on the scores in their true ascending order.
+
+    Petersen, PhD thesis 2022, §2.3 (Table 2.1): the scores of a set, listed from the smallest true value to the
+    largest, are fed to the relaxed bubble sort; every swap it makes is an inversion of the predicted order,
+    so its relaxed (expected) swap count is a differentiable Kendall-τ-like distance that is 0 exactly when
+    the prediction is sorted. This is the official AlgoVision sorting script's default (``loss_sum``); the
+    thesis text also describes the product form ``1 - Π(1 - p)`` (the probability that any swap happens),
+    which is not implemented.
+
+    Args:
+        operator: a :class:`~diffrank.operators.relaxed_bubble_sort.RelaxedBubbleSort` (anything with
+            ``expected_swaps(scores (B, n), checks=...) -> (B,)``).
+
+    ``forward(scores (B, n) float, values (B, n)) -> scalar``: the batch mean of the swap counts, in
+    [0, n(n-1)/2] (dtype of ``scores``; float32 for half-precision scores). One host synchronisation.
+
+    Raises:
+        ValueError: an operator without ``expected_swaps``, or bad scores / values (shape mismatch,
+            non-finite).
+    """
+
+    def __init__(self, operator: nn.Module) -> None:
+        super().__init__()
+        if not callable(getattr(operator, "expected_swaps", None)):
+            raise ValueError(f"loss=sort_swaps needs operator=relaxed_bubble_sort (an operator with "
+                             f"expected_swaps), got {type(operator).__name__}")
+        self.operator = operator
+
+    def forward(self, scores: Tensor, values: Tensor) -> Tensor:
+        """Scalar loss: mean relaxed swap count."""
+        checks = _check_values(scores, values)
+        scores = _full_precision(scores)
+        ascending = true_order(values).flip(1)  # items from the smallest true value to the largest
+        with torch.autocast(device_type=scores.device.type, enabled=False):
+            swaps = call_operator(self.operator.expected_swaps, scores.gather(1, ascending), checks=checks)
+        return swaps.mean()
 
 
 class SoftRankMSELoss(nn.Module):
