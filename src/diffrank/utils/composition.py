@@ -29,27 +29,30 @@ from diffrank.utils.configs import config_dir
 
 # groups built only where another node interpolates them (the loss reads ${operator} and ${pk})
 INTERPOLATED_GROUPS = ("operator", "pk")
+# the groups that name a table row's method (paper_operator): the first one chosen counts
+METHOD_GROUPS = ("operator", "algorithm")
 
 
 def _override_key(line: str) -> str:
     return line.split("=", 1)[0].lstrip("+~")
 
 
-def operator_from_yaml(name: str, overrides: list[str]) -> DictConfig:
-    """``configs/operator/<name>.yaml`` with the ``operator.*`` overrides of a command line applied.
+def group_from_yaml(group: str, name: str, overrides: list[str]) -> DictConfig:
+    """``configs/<group>/<name>.yaml`` with the ``<group>.*`` overrides of a command line applied.
 
     Args:
-        name: an option of the operator group.
+        group: a config group of :data:`METHOD_GROUPS` (``operator``, ``algorithm``).
+        name: an option of that group.
         overrides: Hydra task overrides (``operator.beta=2``, ``+operator.x=1``, ``~operator.y``); others are ignored.
 
     Raises:
-        FileNotFoundError: no such operator config.
+        FileNotFoundError: no such config.
     """
-    path = config_dir() / "operator" / f"{name}.yaml"
+    path = config_dir() / group / f"{name}.yaml"
     if not path.is_file():
-        raise FileNotFoundError(f"no operator config {path}")
-    root = OmegaConf.create({"operator": OmegaConf.load(path)})
-    lines = [o for o in overrides if _override_key(o).startswith("operator.")]
+        raise FileNotFoundError(f"no {group} config {path}")
+    root = OmegaConf.create({group: OmegaConf.load(path)})
+    lines = [o for o in overrides if _override_key(o).startswith(f"{group}.")]
     for o in OverridesParser.create().parse_overrides(lines):
         key = o.key_or_group
         if o.is_delete():
@@ -59,26 +62,28 @@ def operator_from_yaml(name: str, overrides: list[str]) -> DictConfig:
                 del node[leaf]
         else:
             OmegaConf.update(root, key, o.value(), merge=True, force_add=True)
-    return root.operator
+    return root[group]
 
 
 def swap_operator(cfg: DictConfig, choices: dict[str, Any], overrides: list[str]) -> dict[str, Any] | None:
-    """If ``cfg`` is a paper row (``paper_operator`` set) run with another operator, rebuild ``operator`` from
-    that operator's own config and drop ``paper`` (in place).
+    """If ``cfg`` is a paper row (``paper_operator`` set) run with another method, rebuild the method's group from
+    that option's own config and drop ``paper`` (in place). The method is the ``operator`` choice, or the
+    ``algorithm`` choice of runs without an operator (Warcraft shortest paths).
 
     Returns:
         ``None`` for a row run with its own operator (or no row); else what the run is a variant of:
         ``{"experiment", "paper_operator", "operator", "paper"}`` (the row's resolved paper key).
     """
     row_op = cfg.get("paper_operator")
-    chosen = choices.get("operator")  # Hydra's choice (a row's task_name needs HydraConfig anyway)
+    group = next((g for g in METHOD_GROUPS if choices.get(g) is not None), METHOD_GROUPS[0])
+    chosen = choices.get(group)  # Hydra's choice (a row's task_name needs HydraConfig anyway)
     if not row_op or chosen is None or chosen == row_op:
         return None
     paper = cfg.get("paper")
     variant = {"experiment": choices.get("experiment"), "paper_operator": row_op, "operator": chosen,
                "paper": OmegaConf.to_container(paper, resolve=True) if isinstance(paper, DictConfig) else paper}
     with open_dict(cfg):
-        cfg.operator = operator_from_yaml(chosen, overrides)
+        cfg[group] = group_from_yaml(group, chosen, overrides)
         cfg.paper = None
     return variant
 
