@@ -13,6 +13,13 @@ A table row run with another operator is a variant (``paper`` null, ``variant_of
 never shown as the row's method. The budget column is the optimizer steps actually taken × the global batch
 (``results.json`` fields ``optimizer_steps`` / ``global_batch``, summed over DDP ranks; older records:
 ``global_step`` × ``data.batch_size``).
+
+Temperature sweeps: when the runs of one ``paper`` key differ in ``operator.beta`` (a row whose temperature is
+not published, swept with ``hparams_search=beta_grid``: SinkhornSort in Petersen et al. 2022), only the runs of
+the β with the best seed-mean validation accuracy (``val/top1_best``, else the run's ``optimized_metric``) are
+reported, and the line says which β (``selected``). Our values are printed with the paper's decimals, at least
+two (ImageNet-1K top-5 has three). Reference rows of a table that are not runs (Petersen et al. 2022 Table 5's
+published numbers of other models, ``method`` ``literature``) are shown with the table's lines, ours empty.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from typing import Any
 from diffrank import reference
 
 # the columns that identify a reference row to a reader; shown when they vary inside a table
-LABEL_COLUMNS = ("dataset", "method", "operator", "sigmoid", "network", "n", "pk", "m", "setting")
+LABEL_COLUMNS = ("dataset", "model", "method", "operator", "sigmoid", "network", "n", "pk", "m", "setting")
 
 
 def find_results(paths: Iterable[str | Path]) -> list[Path]:
@@ -125,6 +132,7 @@ def collect_runs(records: Iterable[tuple[str | Path, dict[str, Any]]], metric_pr
         if not rows:
             unmatched.append((str(members[0][0]), dict(key)))
             continue
+        members, selected = select_beta(members)
         for row in rows:
             name = metric_prefix + row["metric"].lower()
             scale = 1.0 if _is_fraction(row) else 100.0
@@ -140,11 +148,75 @@ def collect_runs(records: Iterable[tuple[str | Path, dict[str, Any]]], metric_pr
                 "std": statistics.stdev(ours) if len(ours) > 1 else None,
                 "delta": mean - paper_value if ours else math.nan, "runs": len(ours),
                 "budget": ", ".join(sorted({_budget(r) for _, r in members})),
-                "run_dirs": [str(p.parent) for p, _ in members],
+                "run_dirs": [str(p.parent) for p, _ in members], "selected": selected,
             })
+    for (paper, table), lines in tables.items():
+        lines.extend(_reference_only(paper, table, lines))
     for lines in tables.values():
         lines.sort(key=lambda ln: tuple(_sort_value(ln["row"].get(c, "")) for c in (*LABEL_COLUMNS, "metric")))
     return {"tables": dict(sorted(tables.items())), "unmatched": unmatched, "skipped": skipped, "runs": runs}
+
+
+def _beta(run: dict[str, Any]) -> float | None:
+    op = (run.get("config") or {}).get("operator")
+    beta = op.get("beta") if isinstance(op, dict) else None
+    try:
+        return None if beta is None else float(beta)
+    except (TypeError, ValueError):
+        return None
+
+
+def _val_score(run: dict[str, Any]) -> float:
+    metrics = run.get("metrics") or {}
+    cfg = run.get("config") or {}
+    for name in ("val/top1_best", cfg.get("optimized_metric"), "val/top1"):
+        if isinstance(name, str) and isinstance(metrics.get(name), (int, float)):
+            return float(metrics[name])
+    return math.nan
+
+
+def select_beta(members: list[tuple[Path, dict[str, Any]]]) -> tuple[list[tuple[Path, dict[str, Any]]], str | None]:
+    """The runs of one paper key at the selected temperature when they span several ``operator.beta``: the β
+    whose runs have the best mean validation score (``val/top1_best``, else ``optimized_metric``, else
+    ``val/top1``; NaN-free runs only; on ties the smaller β). One β (or none): all runs, no selection.
+
+    Returns:
+        ``(runs kept, "β=<value> (best val of <k> β)" or None)``.
+    """
+    betas = {_beta(r) for _, r in members}
+    if len(betas) < 2:
+        return members, None
+    scores = {}
+    for beta in betas:
+        vals = [_val_score(r) for _, r in members if _beta(r) == beta]
+        vals = [v for v in vals if not math.isnan(v)]
+        scores[beta] = statistics.fmean(vals) if vals else -math.inf
+    best = max(sorted(betas, key=lambda b: (b is None, b or 0.0)), key=lambda b: scores[b])
+    return [(p, r) for p, r in members if _beta(r) == best], f"β={best:g} (best val of {len(betas)} β)"
+
+
+def _reference_only(paper: str, table: str, lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Lines for the published rows of (paper, table) that no run can have (``method`` ``literature``)."""
+    shown = {tuple(ln["row"].get(c) for c in reference.COLUMNS) for ln in lines}
+    out = []
+    for row in reference.all_rows():
+        if row["paper"] == paper and row["table"] == table and row["method"] == "literature" \
+                and tuple(row.get(c) for c in reference.COLUMNS) not in shown:
+            try:
+                value = float(row["value"])
+            except ValueError:
+                value = math.nan
+            out.append({"row": row, "metric": row["metric"], "paper": value, "ours": [], "mean": math.nan,
+                        "std": None, "delta": math.nan, "runs": 0, "budget": "", "run_dirs": [], "selected": None})
+    return out
+
+
+def decimals(printed: str, minimum: int = 2) -> int:
+    """Decimals to print our number with: those of the published value (``"97.795"`` → 3), at least
+    ``minimum``."""
+    text = printed.strip()
+    return max(minimum, len(text.split(".", 1)[1]) if "." in text and text.replace(".", "", 1).lstrip("-").isdigit()
+               else 0)
 
 
 def _sort_value(v: str) -> tuple[int, float, str]:
@@ -170,14 +242,20 @@ def table_rows(lines: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]
     """Header and cells of one report table."""
     cols = _label_columns(lines)
     header = [*cols, "metric", "paper", "ours", "Δ", "runs", "steps×batch"]
+    selected = any(ln.get("selected") for ln in lines)
+    if selected:
+        header.append("selected")
     cells = []
     for ln in lines:
-        ours = fmt(ln["mean"]) + ("" if ln["std"] is None else f" ± {fmt(ln['std'])}")
-        delta = fmt(ln["delta"])
+        digits = decimals(ln["row"]["value"])
+        ours = fmt(ln["mean"], digits) + ("" if ln["std"] is None else f" ± {fmt(ln['std'], digits)}")
+        delta = fmt(ln["delta"], digits)
+        if delta.startswith("-") and not delta.strip("-0."):  # a rounded-away negative is no difference
+            delta = delta[1:]
         if delta != "—" and not delta.startswith("-"):
             delta = "+" + delta
         cells.append([*(ln["row"].get(c, "") for c in cols), ln["metric"], ln["row"]["value"], ours, delta,
-                      str(ln["runs"]), ln["budget"]])
+                      str(ln["runs"]), ln["budget"], *([ln.get("selected") or ""] if selected else [])])
     return header, cells
 
 

@@ -1,12 +1,13 @@
-"""MNIST / Fashion-MNIST / CIFAR-10 readers on tiny files written in the official formats; the offline error."""
+"""MNIST / Fashion-MNIST / CIFAR-10 / CIFAR-100 readers on tiny files written in the official formats; the offline
+error; the on-device augmentation of the CIFAR-100 protocol."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from data.image_files import write_cifar10, write_mnist
-from diffrank.data.images import ImageDataModule, MultiPassSampler, load_image_arrays
+from data.image_files import write_cifar10, write_cifar100, write_mnist
+from diffrank.data.images import ImageDataModule, MultiPassSampler, crop_flip, load_image_arrays, random_crop_flip
 
 
 @pytest.fixture(scope="module")
@@ -15,6 +16,7 @@ def root(tmp_path_factory):
     write_mnist(root, "MNIST")
     write_mnist(root, "FashionMNIST", seed=1)
     write_cifar10(root)
+    write_cifar100(root, n_train=200, n_test=50)
     return root
 
 
@@ -98,3 +100,70 @@ def test_gzipped_idx_files_are_named_for_gunzip(tmp_path):
         p.unlink()
     with pytest.raises(FileNotFoundError, match="gunzip"):
         load_image_arrays("mnist", tmp_path, train=False)
+
+
+def test_cifar100_reader_uses_the_fine_labels(root):
+    import pickle
+
+    x, y = load_image_arrays("cifar100", root, train=True)
+    assert x.dtype == torch.uint8 and x.shape == (200, 3, 32, 32) and y.dtype == torch.int64
+    assert y.tolist() == [i % 100 for i in range(200)]  # fine, not coarse (i // 5 % 20)
+    first = pickle.loads((root / "cifar-100-python" / "train").read_bytes())[b"data"][0]
+    assert torch.equal(x[0].flatten(), torch.from_numpy(first))  # CHW rows
+    tx, ty = load_image_arrays("cifar100", root, train=False)
+    assert tx.shape == (50, 3, 32, 32) and len(ty) == 50
+
+
+def test_cifar100_missing_file_names_folder_and_source(tmp_path):
+    write_cifar100(tmp_path, n_train=10, n_test=5)
+    (tmp_path / "cifar-100-python" / "test").unlink()
+    dm = ImageDataModule("cifar100", str(tmp_path), val_size=2)
+    with pytest.raises(FileNotFoundError, match=r"cifar-100-python/test.*cifar-100-python\.tar\.gz.*download=true"):
+        dm.setup()
+
+
+def test_crop_flip_is_torchvisions_crop_and_flip():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (3, 3, 8, 6), generator=g, dtype=torch.uint8)
+    offsets = torch.tensor([[2, 2], [0, 4], [4, 1]])
+    flips = torch.tensor([False, True, False])
+    out = crop_flip(x, offsets, flips, padding=2)
+    assert out.shape == x.shape and out.dtype == torch.uint8
+    assert torch.equal(out[0], x[0])  # offset = padding: the image itself
+    padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
+    assert torch.equal(out[1], padded[1, :, 0:8, 4:10].flip(-1))
+    assert torch.equal(out[2], padded[2, :, 4:12, 1:7])
+    assert int(out[2, :, -2:].max()) == 0  # rows below the image come from the zero padding
+    with pytest.raises(ValueError, match="offsets"):
+        crop_flip(x, offsets + 3, flips, padding=2)
+    with pytest.raises(ValueError, match="offsets \\(B, 2\\)"):
+        crop_flip(x, offsets[:2], flips, padding=2)
+
+
+def test_random_crop_flip_is_seeded():
+    x = torch.randint(0, 256, (16, 3, 32, 32), dtype=torch.uint8)
+    a, b = random_crop_flip(x, (0, 4, 0, 1, 7)), random_crop_flip(x, (0, 4, 0, 1, 7))
+    assert torch.equal(a, b) and a.dtype == torch.uint8 and a.shape == x.shape
+    assert not torch.equal(a, random_crop_flip(x, (0, 4, 0, 1, 8)))  # another step, other crops
+    assert not torch.equal(a, x)
+
+
+def test_augmenting_module_keeps_uint8_and_normalises_after_transfer(root):
+    dm = ImageDataModule("cifar100", str(root), val_size=10, batch_size=16, augment=True, num_classes=100)
+    dm.setup()
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.dtype == torch.uint8 and x.shape == (16, 3, 32, 32) and len(dm.splits["val"]) == 10
+
+    class _Trainer:  # what on_after_batch_transfer reads of the trainer
+        training, global_rank, current_epoch, global_step = True, 0, 0, 5
+
+    dm.trainer = _Trainer()
+    out, same_y = dm.on_after_batch_transfer((x, y), 0)
+    assert out.dtype == torch.float32 and out.shape == x.shape and torch.equal(same_y, y)
+    again, _ = dm.on_after_batch_transfer((x, y), 0)
+    assert torch.equal(out, again)  # a pure function of (seed, rank, epoch, step)
+    _Trainer.training = False  # validation / test: normalised, not augmented
+    plain, _ = dm.on_after_batch_transfer((x, y), 0)
+    mean = torch.tensor((0.5071, 0.4865, 0.4409)).view(1, 3, 1, 1)
+    std = torch.tensor((0.2673, 0.2564, 0.2762)).view(1, 3, 1, 1)
+    assert torch.allclose(plain, (x.float() / 255 - mean) / std) and not torch.allclose(plain, out)

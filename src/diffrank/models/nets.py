@@ -101,29 +101,47 @@ class TwoLayerConvNet(nn.Module):
 
 
 class CifarResNet18(nn.Module):
-    """ResNet-18 for 32×32 images as a feature network (the CIFAR-10 deep kNN net; Xie et al. 2020, App. I):
-    torchvision's ResNet-18 with a 3×3 stride-1 stem and no stem max-pool (the usual CIFAR variant), the final
-    linear layer removed.
+    """ResNet-18 for 32×32 images: torchvision's ResNet-18 (He et al. 2016; [2, 2, 2, 2] BasicBlocks) with a 3×3
+    stride-1 stem.
+
+    Two uses:
+
+    - feature network (``num_classes=None``, the default; the CIFAR-10 deep kNN net, Xie et al. 2020, App. I):
+      no stem max-pool (the usual CIFAR variant), no final linear layer: ``(B, 512)`` features;
+    - classifier (``num_classes=n``; the CIFAR-100 top-k net of Petersen et al. 2022, §5.1): a linear layer
+      512 → n after the pool. ``maxpool=true`` keeps torchvision's 3×3 stride-2 stem max-pool, as the difftopk
+      code's CIFAR ResNet-18 does (the paper only says "ResNet-18"); the top-k protocol follows the code.
 
     Args:
         in_channels: image channels.
+        num_classes: None (features) or the number of classes of the linear head.
+        maxpool: keep the stem max-pool (halves the feature maps: 16×16 after the stem for 32×32 images).
 
-    Shapes: ``(B, C, 32, 32)`` float32 → ``(B, 512)`` float32, ≥ 0 (after the global average pool).
+    Shapes: ``(B, C, 32, 32)`` float32 → ``(B, 512)`` float32 features (≥ 0, after the global average pool), or
+    ``(B, num_classes)`` float32 scores.
+
+    Raises:
+        ValueError: ``num_classes`` < 2.
     """
 
-    def __init__(self, in_channels: int = 3) -> None:
+    def __init__(self, in_channels: int = 3, num_classes: int | None = None, maxpool: bool = False) -> None:
         super().__init__()
         import torchvision
 
-        net = torchvision.models.resnet18(num_classes=10)
+        if num_classes is not None and int(num_classes) < 2:
+            raise ValueError(f"num_classes must be >= 2 (or None for features), got {num_classes}")
+        net = torchvision.models.resnet18(num_classes=10 if num_classes is None else int(num_classes))
         net.conv1 = nn.Conv2d(int(in_channels), 64, 3, stride=1, padding=1, bias=False)
-        net.maxpool = nn.Identity()
-        net.fc = nn.Identity()
+        if not maxpool:
+            net.maxpool = nn.Identity()
+        if num_classes is None:
+            net.fc = nn.Identity()
         self.net = net
         self.feature_dim = 512
+        self.num_classes = None if num_classes is None else int(num_classes)
 
     def forward(self, x: Tensor) -> Tensor:
-        """Features ``(B, 512)`` of images ``(B, C, H, W)``."""
+        """Features ``(B, 512)`` or scores ``(B, num_classes)`` of images ``(B, C, H, W)``."""
         return self.net(x)
 
 
