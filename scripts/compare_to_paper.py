@@ -10,6 +10,9 @@ table per (paper, table). Runs whose key matches no reference row are listed at 
 ``paper:`` key do not vanish silently. The matching and the tables live in :mod:`diffrank.compare` (training
 runs log the same rows to W&B).
 
+Runs of the offline P_K benchmark (``benchmark:`` key instead of ``paper:``, :mod:`diffrank.report_pk`) get their
+P_K x method grid beside the paper's CIFAR-100 one, in ``pk_<dataset>.md``.
+
 Later experiments add their tables by giving their configs a ``paper:`` key over the same columns and
 shipping the reference CSV in ``src/diffrank/reference/``; nothing here needs to change.
 """
@@ -33,6 +36,7 @@ from diffrank.compare import (  # noqa: F401  (re-exported: the script's former 
     print_console,
     table_rows,
 )
+from diffrank.report_pk import reports
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -50,6 +54,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     png = plot(result, out / "report.png")
     if not a.quiet:
         print_console(result)
+    # benchmarks on other datasets than the paper's (no paper key): our P_K x method grid beside the paper's
+    for dataset, text in reports(a.paths).items():
+        (out / f"pk_{dataset}.md").write_text(f"```\n{text}\n```\n")
+        if not a.quiet:
+            print(text)
     print(f"report: {out / 'report.md'}" + (f", plot: {png}" if png else ""))
     return result
 

@@ -145,3 +145,15 @@ def test_script_prints_and_writes(tmp_path, capsys):
     assert "66.00 / 93.00" in (tmp_path / "report" / "pk_fashion_pairs.md").read_text()
     with pytest.raises(SystemExit, match="no finished benchmark run"):
         pk_report.main([str(tmp_path / "report")])
+
+
+def test_compare_to_paper_includes_the_grid(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import compare_to_paper
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    _write(tmp_path / "runs", 0, _record("softsort", "[.2,.2,.2,.2,.2]", 0, 66.0, 93.0))
+    compare_to_paper.main([str(tmp_path / "runs"), "--out", str(tmp_path / "report")])
+    assert "66.00 / 93.00" in capsys.readouterr().out
+    assert "DIFFERENT DATASET" in (tmp_path / "report" / "pk_fashion_pairs.md").read_text()
