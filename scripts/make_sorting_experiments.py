@@ -26,6 +26,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from diffrank.utils.configs import write_generated
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "configs" / "experiment" / "sorting"
 REFERENCE = ROOT / "src" / "diffrank" / "reference"
@@ -321,16 +323,7 @@ def render() -> dict[str, str]:
 
 def main() -> dict[str, str]:
     """Rewrite the table folders (stale rows removed); returns what was written."""
-    files = render()
-    for table in TABLES:
-        for old in (OUT / table).glob("*.yaml"):
-            if f"{table}/{old.name}" not in files:
-                old.unlink()
-    for rel, text in files.items():
-        path = OUT / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    return files
+    return write_generated(OUT, TABLES, render())
 
 
 if __name__ == "__main__":

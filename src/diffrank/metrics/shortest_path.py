@@ -20,6 +20,7 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from diffrank.algorithms.dijkstra import shortest_paths
+from diffrank.metrics.sorting import FractionMetric
 
 
 def predicted_paths(costs: Tensor) -> Tensor:
@@ -39,24 +40,15 @@ def _check_paths(pred: Tensor, target: Tensor) -> None:
         raise ValueError(f"pred and target must both be (B, k, k), got {tuple(pred.shape)} and {tuple(target.shape)}")
 
 
-class PathExactMatch(Metric):
+class PathExactMatch(FractionMetric):
     """Fraction of maps whose predicted path equals the label on all cells (thesis §2.4, Table 2.2 "EM").
 
-    ``update(pred (B, k, k) 0/1, target (B, k, k) 0/1)``; ``compute()`` -> scalar float64 in [0, 1] (0 before
+    ``update(pred (B, k, k) 0/1, target (B, k, k) 0/1)``; ``compute()`` -> scalar float32 in [0, 1] (0 before
     any update).
 
     Raises:
         ValueError: (update) shapes differ or are not ``(B, k, k)``.
     """
-
-    full_state_update = False
-    higher_is_better = True
-    is_differentiable = False
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.add_state("correct", default=torch.tensor(0, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("total", default=torch.tensor(0, dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, pred: Tensor, target: Tensor) -> None:
         """Count the maps whose 0/1 path ``pred`` (rounded) equals ``target`` everywhere."""
@@ -64,10 +56,6 @@ class PathExactMatch(Metric):
         same = (pred.round() == target.round()).flatten(1).all(1)
         self.correct += same.sum().to(torch.float64)
         self.total += same.numel()
-
-    def compute(self) -> Tensor:
-        """Fraction of exact matches in [0, 1]."""
-        return self.correct / self.total.clamp_min(1.0)
 
 
 class CostRatio(Metric):

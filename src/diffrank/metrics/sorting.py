@@ -46,7 +46,10 @@ def correct_positions(scores: Tensor, values: Tensor) -> Tensor:
     return torch.argsort(scores, dim=1, stable=True) == torch.argsort(values, dim=1, stable=True)
 
 
-class _CountMetric(Metric):
+class FractionMetric(Metric):
+    """Base of the count metrics: ``correct`` / ``total`` summed over updates (and DDP ranks); subclasses
+    implement ``update``. ``compute()`` -> float32 scalar in [0, 1], 0 before any update."""
+
     full_state_update = False
     higher_is_better = True
     is_differentiable = False
@@ -61,7 +64,7 @@ class _CountMetric(Metric):
         return (self.correct / self.total.clamp_min(1)).float()
 
 
-class ExactMatch(_CountMetric):
+class ExactMatch(FractionMetric):
     """EM: fraction of sets whose predicted order equals the true order.
 
     ``update(scores (B, n), values (B, n))``. EM5 is this metric fed with 5-sets.
@@ -74,7 +77,7 @@ class ExactMatch(_CountMetric):
         self.total += ok.shape[0]
 
 
-class ElementWiseAccuracy(_CountMetric):
+class ElementWiseAccuracy(FractionMetric):
     """EW: fraction of (set, sorted position) pairs holding the right item, i.e. the mean over sets of
     (1/n)·#correct positions (all sets of one run have the same n).
 

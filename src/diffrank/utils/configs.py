@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -33,3 +34,26 @@ def list_options(group: str, pattern: str = "*") -> list[str]:
     root = config_dir() / group
     names = (p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.yaml"))
     return sorted(n for n in names if fnmatch.fnmatchcase(n, pattern))
+
+
+def write_generated(out: Path, tables: Iterable[str], files: dict[str, str]) -> dict[str, str]:
+    """Write generated row configs (``scripts/make_*_experiments.py``) and delete stale ones.
+
+    Args:
+        out: the benchmark's experiment folder (``configs/experiment/sorting``).
+        tables: the table folders under ``out`` that the generator owns; a yaml in them not in ``files`` is
+            removed (a renamed row leaves no stale copy behind).
+        files: ``{path relative to out: yaml text}``.
+
+    Returns:
+        ``files``.
+    """
+    for table in tables:
+        for old in (out / table).glob("*.yaml"):
+            if f"{table}/{old.name}" not in files:
+                old.unlink()
+    for rel, text in files.items():
+        path = out / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return files
