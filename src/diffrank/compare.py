@@ -122,9 +122,10 @@ def collect_runs(records: Iterable[tuple[str | Path, dict[str, Any]]], metric_pr
             skipped += 1
             continue
         runs += 1
-        groups[_key(paper)].append((path, run))
+        # runs on generated stand-in data (results.json synthetic_data) never pool with runs on the real data
+        groups[(_key(paper), bool(run.get("synthetic_data")))].append((path, run))
     tables: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for key, members in groups.items():
+    for (key, synthetic), members in groups.items():
         try:
             rows = reference.match(dict(key))
         except KeyError:
@@ -149,6 +150,7 @@ def collect_runs(records: Iterable[tuple[str | Path, dict[str, Any]]], metric_pr
                 "delta": mean - paper_value if ours else math.nan, "runs": len(ours),
                 "budget": ", ".join(sorted({_budget(r) for _, r in members})),
                 "run_dirs": [str(p.parent) for p, _ in members], "selected": selected,
+                "data": "synthetic" if synthetic else "",
             })
     for (paper, table), lines in tables.items():
         lines.extend(_reference_only(paper, table, lines))
@@ -242,6 +244,9 @@ def table_rows(lines: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]
     """Header and cells of one report table."""
     cols = _label_columns(lines)
     header = [*cols, "metric", "paper", "ours", "Δ", "runs", "steps×batch"]
+    synthetic = any(ln.get("data") for ln in lines)
+    if synthetic:  # say it on every row: a number on generated data is not a reproduction
+        header.insert(len(cols), "data")
     selected = any(ln.get("selected") for ln in lines)
     if selected:
         header.append("selected")
@@ -254,7 +259,8 @@ def table_rows(lines: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]
             delta = delta[1:]
         if delta != "—" and not delta.startswith("-"):
             delta = "+" + delta
-        cells.append([*(ln["row"].get(c, "") for c in cols), ln["metric"], ln["row"]["value"], ours, delta,
+        cells.append([*(ln["row"].get(c, "") for c in cols), *([ln.get("data") or "real"] if synthetic else []),
+                      ln["metric"], ln["row"]["value"], ours, delta,
                       str(ln["runs"]), ln["budget"], *([ln.get("selected") or ""] if selected else [])])
     return header, cells
 

@@ -137,6 +137,7 @@ def test_report_has_a_warcraft_section_cell_by_cell(tmp_path):
     header, cells = compare.table_rows(t22)
     row = dict(zip(header, cells[0]))
     assert row["method"] == "Black-Box Loss" and row["metric"] == "EM_path" and row["paper"] == "86.6"
+    assert row["data"] == "synthetic"  # generated maps are labelled on every row of the report
     assert row["ours"] == "86.00 ± 1.41" and row["Δ"] == "-0.60" and row["runs"] == "2"
     assert row["steps×batch"] == "7150×70"
     header, cells = compare.table_rows(result["tables"][("petersen_thesis_2022", "7.5")])
@@ -144,4 +145,15 @@ def test_report_has_a_warcraft_section_cell_by_cell(tmp_path):
     assert (row["paper"], row["ours"], row["Δ"], row["runs"]) == ("80.64", "80.00", "-0.64", "1")
     md = compare.markdown(result)
     assert "## petersen_thesis_2022, Table 2.2" in md and "## petersen_thesis_2022, Table 7.5" in md
-    assert "| 86.6 | 86.00 ± 1.41 | -0.60 | 2 |" in md
+    assert "| synthetic | EM_path | 86.6 | 86.00 ± 1.41 | -0.60 | 2 |" in md
+
+
+def test_report_never_pools_synthetic_with_real_runs(tmp_path):
+    paper = {"paper": "petersen_thesis_2022", "table": "2.2", "dataset": "warcraft12", "method": "Black-Box Loss"}
+    for name, em, synthetic in (("gen", 0.5, True), ("real", 0.9, False)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps({
+            "status": "done", "paper": paper, "synthetic_data": synthetic, "metrics": {"test/em_path": em}}))
+    header, cells = compare.table_rows(compare.collect([tmp_path])["tables"][("petersen_thesis_2022", "2.2")])
+    rows = sorted((r[header.index("data")], r[header.index("ours")], r[header.index("runs")]) for r in cells)
+    assert rows == [("real", "90.00", "1"), ("synthetic", "50.00", "1")]
