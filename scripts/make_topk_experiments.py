@@ -32,7 +32,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from diffrank.utils.configs import write_generated
+from diffrank.utils.configs import write_generated, yaml_flow
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "configs" / "experiment" / "topk"
@@ -164,25 +164,6 @@ def rows() -> list[Row]:
 
 # ---- rendering ----
 
-def _scalar(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, float):
-        return repr(float(f"{v:.10g}"))
-    if isinstance(v, int):
-        return str(v)
-    s = str(v)
-    plain = all(c.isalnum() or c in "_-. /" for c in s) and s[:1].isalpha() and s.lower() not in (
-        "true", "false", "null", "yes", "no", "on", "off")
-    return s if plain and not s.endswith(" ") else '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _flow(v: Any) -> str:
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{k}: {_flow(x)}" for k, x in v.items()) + "}"
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_flow(x) for x in v) + "]"
-    return _scalar(v)
 
 
 def render_row(row: Row) -> str:
@@ -200,12 +181,12 @@ def render_row(row: Row) -> str:
     if row.sweep_beta:
         lines.append(f"# β not published: python train.py experiment=topk/{row.name} hparams_search=beta_grid "
                      "sweep.beta_min=4 sweep.beta_max=1024")
-    lines.append(f"paper_operator: {_scalar(row.operator) if row.operator else 'null'}")
-    lines.append(f"paper: {_flow(row.paper)}")
+    lines.append(f"paper_operator: {yaml_flow(row.operator) if row.operator else 'null'}")
+    lines.append(f"paper: {yaml_flow(row.paper)}")
     if row.params:
-        lines.append(f"operator: {_flow(row.params)}")
+        lines.append(f"operator: {yaml_flow(row.params)}")
     if isinstance(row.pk, list):
-        lines.append(f"pk: {_flow({'weights': row.pk})}")
+        lines.append(f"pk: {yaml_flow({'weights': row.pk})}")
     if row.loss:
         lines.append("# replaced, not merged: the protocol's top-k loss settings (m, top1_mode) are not this loss's")
         lines.append(f"loss: \"${{oc.create:{BASELINE_LOSSES[row.loss][1]}}}\"")

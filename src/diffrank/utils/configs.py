@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 
 def config_dir() -> Path:
@@ -57,3 +59,24 @@ def write_generated(out: Path, tables: Iterable[str], files: dict[str, str]) -> 
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
     return files
+
+
+_YAML_WORDS = ("true", "false", "null", "yes", "no", "on", "off")
+
+
+def yaml_flow(v: Any) -> str:
+    """``v`` (dicts, lists, str, int, float, bool) as one line of YAML flow style, for generated configs:
+    floats to 10 significant digits, strings quoted unless they are plain words (letters first; no YAML keyword)."""
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {yaml_flow(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(yaml_flow(x) for x in v) + "]"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return repr(float(f"{v:.10g}"))
+    if isinstance(v, int):
+        return str(v)
+    s = str(v)
+    plain = re.fullmatch(r"[^\W\d_][\w .&()\-]*", s) and s.lower() not in _YAML_WORDS and not s.endswith(" ")
+    return s if plain else '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
