@@ -48,11 +48,9 @@ PROTOCOLS = {("cifar100", "resnet18_cifar"): ("topk/cifar100", ""),
 # reference operator id -> our operator config
 OPERATORS = {"neuralsort": "neuralsort", "softsort": "softsort", "sinkhorn": "sinkhorn", "dsn": "difftopk_bitonic"}
 SINKHORN_START_BETA = 128.0  # a point of the factor-2 grid; the grid itself is a sweep (module docstring)
-# baselines: the loss node is replaced, not merged (a protocol's top-k settings, loss.m / top1_mode, are not theirs)
-BASELINE_LOSSES = {
-    "softmax_ce": ("softmax_ce", "{_target_: diffrank.losses.softmax_ce.SoftmaxCrossEntropyLoss}"),
-    "smooth_topk": ("smooth_topk", "{_target_: diffrank.losses.smooth_topk.SmoothTopKLoss, k: 5, tau: 1.0}"),
-}
+# baselines: their rows select the loss config; the protocols' top-k settings (topk_loss: m, top1_mode) are read
+# by loss=topk_ce only
+BASELINE_LOSSES = ("softmax_ce", "smooth_topk")
 # P_K as printed in the CSVs -> our pk config, or its weights for the lengths without one
 PK_NAMES = {"[1,0,0,0,0]": "top1", "[0,0,0,0,1]": "top5", "[.5,0,0,0,.5]": "half_top5",
             "[.25,0,0,0,.75]": "quarter_top5", "[.1,0,0,0,.9]": "tenth_top5", "[.2,.2,.2,.2,.2]": "uniform5",
@@ -187,9 +185,6 @@ def render_row(row: Row) -> str:
         lines.append(f"operator: {yaml_flow(row.params)}")
     if isinstance(row.pk, list):
         lines.append(f"pk: {yaml_flow({'weights': row.pk})}")
-    if row.loss:
-        lines.append("# replaced, not merged: the protocol's top-k loss settings (m, top1_mode) are not this loss's")
-        lines.append(f"loss: \"${{oc.create:{BASELINE_LOSSES[row.loss][1]}}}\"")
     return "\n".join(lines) + "\n"
 
 

@@ -124,6 +124,21 @@ def test_protocol_composes_as_the_code_runs_it(compose_train):
     assert base.loss._target_.endswith("SmoothTopKLoss") and set(base.loss) == {"_target_", "k", "tau"}
 
 
+def test_protocol_topk_loss_settings_reach_topk_ce_only(compose_train):
+    """topk_loss: {m, top1_mode} of a protocol sets loss=topk_ce's m-subset and top-1 term; a baseline row's loss
+    gets none of it; the command line's loss.m still wins."""
+    cells = {"topk/icml2022_t1/neuralsort_top5": (None, "eq4"),
+             "topk/icml2022_t2/in1k_neuralsort_half_top5": (16, "sm"),
+             "topk/icml2022_t2/in21kp_neuralsort_half_top5": (50, "sm"),
+             "topk/fashion_pairs/lapsum_half_top5": (None, "eq4")}
+    for name, (m, mode) in cells.items():
+        cfg = compose_train([f"experiment={name}"], fast=False)
+        assert (cfg.loss.m, cfg.loss.top1_mode) == (m, mode), name
+    assert compose_train(["experiment=topk/icml2022_t1/neuralsort_top5", "loss.m=8"], fast=False).loss.m == 8
+    base = compose_train(["experiment=topk/icml2022_t2/in21kp_softmax_ce"], fast=False)
+    assert set(base.loss) == {"_target_"} and base.topk_loss.m == 50
+
+
 def _run(compose_train, name, root, extra=(), fast=True):
     return train(compose_train([f"experiment={name}", *_small(root), *extra], fast=fast))
 
