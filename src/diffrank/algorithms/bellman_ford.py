@@ -80,14 +80,17 @@ def _check_costs(costs: Tensor, big: float) -> None:
     costs = costs.detach()
     if costs.dim() != 3 or costs.shape[1] != costs.shape[2] or costs.shape[1] < 2:
         raise ValueError(f"costs must have shape (B, k, k) with k >= 2, got {tuple(costs.shape)}")
-    if costs.numel() and not bool(torch.isfinite(costs).all()):
+    if not costs.numel():
+        return
+    # one host read for the three data checks (a training step should synchronise once)
+    finite, low, high = torch.stack([torch.isfinite(costs).all().to(costs.dtype), costs.min(), costs.max()]).tolist()
+    if not finite:
         raise ValueError("costs must be finite (found NaN or inf)")
-    if costs.numel() and bool((costs < 0).any()):
-        raise ValueError(f"costs must be >= 0 (negative vertex costs make negative cycles), found minimum "
-                         f"{float(costs.min())}")
+    if low < 0:
+        raise ValueError(f"costs must be >= 0 (negative vertex costs make negative cycles), found minimum {low}")
     k = costs.shape[1]
-    if costs.numel() and float(costs.max()) * k * k >= 1e-3 * big:
-        raise ValueError(f"costs up to {float(costs.max()):.3g} are too large for the padding value big={big:g} "
+    if high * k * k >= 1e-3 * big:
+        raise ValueError(f"costs up to {high:.3g} are too large for the padding value big={big:g} "
                          f"on a {k}x{k} grid (need max·k² < 1e-3·big)")
 
 
