@@ -22,8 +22,9 @@ The relaxation (thesis §2.2, §2.4):
 - **loop** -> ``"for"``: a fixed number of trace-back steps (unrolled; no relaxation needed, thesis §2.2);
   ``"while"``: the relaxed loop "while the trace has not reached the source", condition
   ``P[path_source < 1/2] = σ(β_while·(1/2 - path_source))`` (Eq. 2.13), the output being the
-  mixture over the number of iterations of Eq. 2.12, truncated when the continuation probability of every map is
-  below ``while_eps`` or after ``max_steps`` iterations (the remaining probability goes to the last state).
+  mixture over the number of iterations of Eq. 2.12, truncated after ``steps`` iterations only (the remaining
+  probability goes to the last state). No early exit on a negligible continuation probability: that test would
+  read the device every iteration, and a map's result would depend on its batch-mates.
   The threshold 1/2 and a separate steepness ``β_while`` are our choices: the thesis states the condition only
   in words, and with the distance β (≈ 1–10 for costs of order 1) the condition would never become negligible.
 
@@ -149,7 +150,7 @@ def _move(t: Tensor, pred: Tensor, k: int) -> Tensor:
 
 
 def relaxed_trace_back(pred: Tensor, steps: int, t_conorm_kind: str = "probabilistic", p: float = 1.0,
-                       loop: str = "for", while_beta: float = 20.0, while_eps: float = 1e-6) -> Tensor:
+                       loop: str = "for", while_beta: float = 20.0) -> Tensor:
     """Relaxed path reconstruction from the goal along the predecessor distributions (thesis §2.4, §2.2).
 
     Args:
@@ -159,7 +160,6 @@ def relaxed_trace_back(pred: Tensor, steps: int, t_conorm_kind: str = "probabili
         t_conorm_kind, p: the T-conorm accumulating the visited mass (:func:`t_conorm`).
         loop: ``"for"`` or ``"while"`` (module docstring; Eq. 2.12).
         while_beta: steepness of the relaxed while condition ``P[path_source < 1/2]`` (units: 1 / path value).
-        while_eps: the while loop stops once every map's continuation probability is below this.
 
     Returns:
         ``(B, k, k)`` relaxed path indicator in [0, 1], same dtype/device as ``pred``.
@@ -194,8 +194,6 @@ def relaxed_trace_back(pred: Tensor, steps: int, t_conorm_kind: str = "probabili
     p_after = go_on(path)
     out = (1.0 - p_after) * path
     for _ in range(int(steps)):
-        if float(p_after.detach().max()) <= while_eps:
-            break
         path = t_conorm(path, t, t_conorm_kind, p)
         t = _move(t, pred, k)
         p_before, p_after = p_after, p_after * go_on(path)
@@ -215,7 +213,7 @@ class RelaxedBellmanFord:
         sweeps: Bellman-Ford sweeps T (>= longest label path − 1).
         steps: trace-back steps (for) / maximum iterations (while); ``None`` = ``sweeps + 1``.
         t_conorm: ``"probabilistic"``, ``"hamacher"`` or ``"yager1"``; ``p`` is Hamacher's parameter.
-        loop: ``"for"`` or ``"while"``; ``while_beta``, ``while_eps`` as in :func:`relaxed_trace_back`.
+        loop: ``"for"`` or ``"while"``; ``while_beta`` as in :func:`relaxed_trace_back`.
         loss: ``"l1"``, ``"l2"`` or ``"l2sq"``.
         big: padding distance (:data:`BIG`).
 
@@ -228,7 +226,7 @@ class RelaxedBellmanFord:
 
     def __init__(self, beta: float = 3.0, sweeps: int = 25, steps: int | None = None,
                  t_conorm: str = "probabilistic", p: float = 1.0, loop: str = "for", while_beta: float = 20.0,
-                 while_eps: float = 1e-6, loss: str = "l2sq", big: float = BIG) -> None:
+                 loss: str = "l2sq", big: float = BIG) -> None:
         if loss not in self.LOSSES:
             raise ValueError(f"unknown loss {loss!r}; choose one of {self.LOSSES}")
         if loop not in LOOPS:
@@ -244,7 +242,7 @@ class RelaxedBellmanFord:
         self.beta, self.sweeps = float(beta), int(sweeps)
         self.steps = self.sweeps + 1 if steps is None else int(steps)
         self.t_conorm, self.p, self.loop = t_conorm, float(p), loop
-        self.while_beta, self.while_eps, self.loss_kind, self.big = float(while_beta), float(while_eps), loss, big
+        self.while_beta, self.loss_kind, self.big = float(while_beta), loss, big
 
     def path(self, costs: Tensor) -> Tensor:
         """Relaxed path ``(B, k, k)`` in [0, 1] for costs ``(B, k, k)`` >= 0 (same dtype/device).
@@ -253,8 +251,7 @@ class RelaxedBellmanFord:
             ValueError: bad costs (see :func:`relaxed_distances`).
         """
         _, pred = relaxed_distances(costs, self.beta, self.sweeps, self.big)
-        return relaxed_trace_back(pred, self.steps, self.t_conorm, self.p, self.loop, self.while_beta,
-                                  self.while_eps)
+        return relaxed_trace_back(pred, self.steps, self.t_conorm, self.p, self.loop, self.while_beta)
 
     def loss(self, costs: Tensor, true_paths: Tensor) -> Tensor:
         """Scalar loss between the relaxed path of ``costs`` and the 0/1 label ``true_paths`` (both ``(B, k, k)``).
