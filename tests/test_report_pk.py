@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 
@@ -133,12 +134,17 @@ def test_format_report_labels_the_paper_a_different_dataset(tmp_path):
     assert "SinkhornSort" not in text  # only the methods we ran
 
 
-def test_script_prints_and_writes(tmp_path, capsys):
+
+def _script(name: str):
+    """Import ``scripts/<name>.py`` as a module."""
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
-        import pk_report
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(ROOT / "scripts"))
+
+def test_script_prints_and_writes(tmp_path, capsys):
+    pk_report = _script("pk_report")
     _write(tmp_path / "runs", 0, _record("softsort", "[.2,.2,.2,.2,.2]", 0, 66.0, 93.0))
     texts = pk_report.main([str(tmp_path / "runs"), "--out", str(tmp_path / "report")])
     assert list(texts) == ["fashion_pairs"] and "66.00 / 93.00" in capsys.readouterr().out
@@ -148,11 +154,7 @@ def test_script_prints_and_writes(tmp_path, capsys):
 
 
 def test_compare_to_paper_includes_the_grid(tmp_path, capsys):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import compare_to_paper
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    compare_to_paper = _script("compare_to_paper")
     _write(tmp_path / "runs", 0, _record("softsort", "[.2,.2,.2,.2,.2]", 0, 66.0, 93.0))
     compare_to_paper.main([str(tmp_path / "runs"), "--out", str(tmp_path / "report")])
     assert "66.00 / 93.00" in capsys.readouterr().out
