@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.14.1 torchvision==0.29.1
-	$(BIN)/python -m pip install -q -e ".[dev,sweep]"
+	$(BIN)/python -m pip install -q -e ".[experiments,embeddings,sweep,dev]"
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv (Python 3.11, torch 2.14.1) and install diffrank with the dev extra

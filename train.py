@@ -2,7 +2,7 @@
 
 import hydra
 
-from diffrank.train import run
+from diffrank.experiments.train import run
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")

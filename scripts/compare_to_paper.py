@@ -7,10 +7,11 @@ the bundled reference rows (:mod:`diffrank.reference`) whose columns equal every
 matched row (one per metric) becomes a line of the report: the published value, our mean ± sample std
 over the runs (seeds) sharing the same ``paper`` key, Δ = ours − paper, and the number of runs. One Markdown
 table per (paper, table). Runs whose key matches no reference row are listed at the end, so typos in a
-``paper:`` key do not vanish silently. The matching and the tables live in :mod:`diffrank.compare` (training
+``paper:`` key do not vanish silently. The matching and the tables live in :mod:`diffrank.experiments.report` (training
 runs log the same rows to W&B).
 
-Runs of the offline P_K benchmark (``benchmark:`` key instead of ``paper:``, :mod:`diffrank.report_pk`) get their
+Runs of the offline P_K benchmark (``benchmark:`` key instead of ``paper:``, :mod:`diffrank.experiments.report_pk`)
+get their
 P_K x method grid beside the paper's CIFAR-100 one, in ``pk_<dataset>.md``.
 
 Later experiments add their tables by giving their configs a ``paper:`` key over the same columns and
@@ -23,7 +24,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from diffrank.compare import (  # noqa: F401  (re-exported: the script's former functions)
+from diffrank.experiments.report import (  # noqa: F401  (re-exported: the script's former functions)
     LABEL_COLUMNS,
     _budget,
     _is_fraction,
@@ -36,11 +37,11 @@ from diffrank.compare import (  # noqa: F401  (re-exported: the script's former 
     print_console,
     table_rows,
 )
-from diffrank.report_pk import reports
+from diffrank.experiments.report_pk import reports
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Command line entry point; returns the collected result (:func:`diffrank.compare.collect`)."""
+    """Command line entry point; returns the collected result (:func:`diffrank.experiments.report.collect`)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("paths", nargs="+", help="run folders (searched recursively for results.json)")
     ap.add_argument("--out", default="outputs/report", help="folder for report.md and report.png")

@@ -8,7 +8,7 @@ README "(code)"), one file per backbone, with three key schemes:
 - ``{train,val}_{embeddings,labels}`` (Noisy-Student EfficientNet-L2, ImageNet-1K, float16).
 
 Their ``val`` is ImageNet's official validation set: our ``test`` split. The output is the format of
-:mod:`diffrank.data.embeddings` (``index.json`` + ``<split>_{embeddings,labels}.npy``).
+:mod:`diffrank.experiments.data.embeddings` (``index.json`` + ``<split>_{embeddings,labels}.npy``).
 
 Memory: the file is opened with ``torch.load(mmap=True)`` (zip format, PyTorch >= 1.6: tensors stay on disk
 and are paged in per chunk), so the 50 GB ImageNet-21K-P file converts in bounded memory; a legacy
@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from diffrank.data.embeddings import INDEX, EmbeddingCacheWriter, open_split, paper_key_scheme
+from diffrank.experiments.data.embeddings import INDEX, EmbeddingCacheWriter, open_split, paper_key_scheme
 
 # What the file names of the released pickles say (model, input size): the defaults of --model / --img-size.
 KNOWN_FILES = {

@@ -5,7 +5,7 @@ head on pre-computed embeddings. This script computes them: a timm model by name
 (``num_classes=0``: the pooled penultimate features), its own evaluation transform
 (``timm.data.resolve_data_config`` + ``create_transform``; ``--img-size`` overrides the input size), over an
 image folder (torchvision ``ImageFolder`` layout) or a Hugging Face ``datasets`` dataset, into the cache format
-of :mod:`diffrank.data.embeddings` (float16 ``.npy`` files + ``index.json``).
+of :mod:`diffrank.experiments.data.embeddings` (float16 ``.npy`` files + ``index.json``).
 
 Examples::
 
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from diffrank.data.embeddings import EmbeddingCacheWriter
+from diffrank.experiments.data.embeddings import EmbeddingCacheWriter
 
 
 class WeightsMissing(RuntimeError):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from diffrank.utils.configs import list_options
+from diffrank.registry import list_options
 
 
 def main(patterns: list[str] | None = None) -> str:

@@ -13,7 +13,7 @@ baselines), 3.3, 3.4 (SVHN), 3.5, 3.6, 3.7 and 7.3 ("Regular" rows), the β of T
 NeuralSort (no operator), Newton losses.
 
 Usage: ``python scripts/make_sorting_experiments.py`` (rewrites the table folders; commit them). The test
-``tests/models/test_sorting_experiments.py`` checks that the committed files equal :func:`render`.
+``tests/experiments/models/test_sorting_experiments.py`` checks that the committed files equal :func:`render`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from diffrank.utils.configs import write_generated, yaml_flow
+from diffrank.experiments.generated import write_generated, yaml_flow
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "configs" / "experiment" / "sorting"

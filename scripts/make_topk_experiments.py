@@ -21,7 +21,7 @@ Not generated: Table 5's literature rows (published numbers of other models, no 
 a unit test).
 
 Usage: ``python scripts/make_topk_experiments.py`` (rewrites the table folders; commit them). The test
-``tests/models/test_topk_experiments.py`` checks that the committed files equal :func:`render`.
+``tests/experiments/models/test_topk_experiments.py`` checks that the committed files equal :func:`render`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from diffrank.utils.configs import write_generated, yaml_flow
+from diffrank.experiments.generated import write_generated, yaml_flow
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "configs" / "experiment" / "topk"

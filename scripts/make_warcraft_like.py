@@ -8,7 +8,7 @@ Files go to ``<out>/warcraft_like_synthetic/<k>x<k>/`` (``--root-name``) under t
 (``train_maps.npy``, ``train_vertex_weights.npy``, ``train_shortest_paths.npy``, ... for train / val / test),
 with a ``SYNTHETIC.json`` marker (generator, version, seed, tile costs, per-split statistics, MD5 sums) that
 labels the set synthetic. Train on it with ``paths.data_dir=<out> data.root_name=warcraft_like_synthetic``.
-Terrain, textures and labels: ``diffrank.data.warcraft`` and docs/warcraft.md ("Data").
+Terrain, textures and labels: ``diffrank.experiments.data.warcraft`` and docs/warcraft.md ("Data").
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import argparse
 import json
 import time
 
-from diffrank.data.warcraft import MARKER, SYNTHETIC_ROOT, write_warcraft_like
+from diffrank.experiments.data.warcraft import MARKER, SYNTHETIC_ROOT, write_warcraft_like
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,7 +6,7 @@ Reads every ``results.json`` under the folders whose config carries a ``benchmar
 ``configs/experiment/topk/<benchmark>/``), averages the seeds of each (method, P_K) cell and prints, per dataset:
 our top-1 / top-5, runs and wall time per cell, Petersen et al. (ICML 2022) Table 4 / Table 1 on CIFAR-100
 (a different dataset, for orientation) and which of the paper's orderings hold on each. The logic is
-:mod:`diffrank.report_pk`; ``--out`` also writes ``pk_<dataset>.md``.
+:mod:`diffrank.experiments.report_pk`; ``--out`` also writes ``pk_<dataset>.md``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from diffrank.report_pk import reports
+from diffrank.experiments.report_pk import reports
 
 
 def main(argv: list[str] | None = None) -> dict[str, str]:

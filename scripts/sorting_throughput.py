@@ -15,9 +15,9 @@ import time
 import torch
 from hydra import compose, initialize_config_dir
 
-from diffrank.utils.configs import config_dir
-from diffrank.utils.instantiate import instantiate
-from diffrank.utils.malloc import keep_freed_memory
+from diffrank.experiments.instantiate import instantiate
+from diffrank.experiments.malloc import keep_freed_memory
+from diffrank.registry import config_dir
 
 
 def measure(experiment: str, data_dir: str, batch: int, steps: int) -> tuple[float, float]:

@@ -3,9 +3,10 @@ and ``best.yaml`` in each sweep folder, and the best configuration on the consol
 
 Usage: ``python scripts/sweep_report.py SWEEP_DIR... [--metric val/em5] [--mode max] [--no-write]``
 
-What the Hydra callback writes at the end of every multirun (:mod:`diffrank.callbacks.hydra_callbacks`), for a
+What the Hydra callback writes at the end of every multirun (:mod:`diffrank.experiments.callbacks.hydra_callbacks`),
+for a
 sweep that was stopped, that had a failed job (Hydra then skips ``on_multirun_end``) or is still running. The
-logic is :func:`diffrank.sweeps.summarize`. Exit status 1 when a folder holds no job.
+logic is :func:`diffrank.experiments.sweeps.summarize`. Exit status 1 when a folder holds no job.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ import argparse
 import sys
 from typing import Any
 
-from diffrank.sweeps import format_report, summarize
+from diffrank.experiments.sweeps import format_report, summarize
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    """Command line entry point; returns one :func:`diffrank.sweeps.summarize` result per sweep folder.
+    """Command line entry point; returns one :func:`diffrank.experiments.sweeps.summarize` result per sweep folder.
 
     Raises:
         SystemExit: a folder that does not exist or holds no job (status 1), bad arguments (status 2).

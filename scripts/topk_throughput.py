@@ -78,7 +78,7 @@ def measure_head(row: str, threads: int, steps: int, batch: int, device: str) ->
     Raises:
         ValueError: ``steps`` < 1.
     """
-    from diffrank.utils.instantiate import instantiate
+    from diffrank.experiments.instantiate import instantiate
 
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
@@ -111,7 +111,7 @@ def measure(row: str, threads: int, steps: int, batch: int, device: str, data_di
     Raises:
         ValueError: ``steps`` < 1.
     """
-    from diffrank.utils.instantiate import instantiate
+    from diffrank.experiments.instantiate import instantiate
 
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")

@@ -99,7 +99,7 @@ def _has_backend(name: str) -> bool:
     """Whether the operator's yaml or constructor has a ``backend`` argument."""
     from omegaconf import OmegaConf
 
-    from diffrank.utils.configs import config_dir
+    from diffrank.registry import config_dir
 
     cfg = OmegaConf.load(config_dir() / "operator" / f"{name}.yaml")
     if "backend" in cfg:

@@ -7,11 +7,20 @@ import torch
 from torch.autograd import gradcheck
 
 import diffrank.operators.lapsum as lapsum_mod
+from diffrank import functional as F
 from diffrank.operators import load
-from diffrank.operators.lapsum import LapSum, lapsum_topk
+from diffrank.operators.lapsum import LapSum
 
 F64 = torch.float64
 S = torch.tensor([[0.5, -1.2, 2.0, 0.3, 1.1]], dtype=F64)
+
+
+def _topk(scores, k, beta):
+    """LapSum top-k membership of ``scores (B, n)``: ``(B, n)`` for a number or 0-dim k (the functional API),
+    ``(B, M, n)`` for a ``(B, M)`` tensor k (the operator method)."""
+    if isinstance(k, torch.Tensor) and k.dim() == 2:
+        return LapSum(beta).topk_membership(scores, k)
+    return F.topk_membership(scores, k, method="lapsum", beta=beta)
 
 
 def _rand(B, n, seed=0, dtype=F64, scale=1.0):
@@ -35,27 +44,28 @@ def _lap(x, s, beta):
     (-1000, 2, [0.39998, 0.39930, 0.40058, 0.39990, 0.40022]),
 ])
 def test_topk_worked_numbers(alpha, k, expect):
-    p = lapsum_topk(S, k, beta=1 / abs(alpha))
+    p = _topk(S, k, beta=1 / abs(alpha))
     torch.testing.assert_close(p[0], torch.tensor(expect, dtype=F64), atol=1e-5, rtol=0)
     assert abs(float(p.sum()) - k) < 1e-12
 
 
 def test_smallest_k_is_negation():
-    p = lapsum_topk(S, 2, beta=2.0, largest=False)
+    # the k smallest (α = +1/β): p(s, k, +α) = p(-s, k, -α), and = 1 - p(s, n - k, -α) (F(-x) = 1 - F(x))
+    p = _topk(-S, 2, beta=2.0)
     torch.testing.assert_close(p[0], torch.tensor([0.360859, 0.976879, 0.017966, 0.535608, 0.108689], dtype=F64),
                                atol=1e-6, rtol=0)
-    torch.testing.assert_close(p, lapsum_topk(-S, 2, beta=2.0))
+    torch.testing.assert_close(p, 1 - _topk(S, 3, beta=2.0))
 
 
 def test_gradient_worked_numbers():
     s = S.clone().requires_grad_()
     k = torch.tensor(2.0, dtype=F64, requires_grad=True)
-    jac = torch.autograd.functional.jacobian(lambda x: lapsum_topk(x, 2, beta=2.0)[0], s)[:, 0]
+    jac = torch.autograd.functional.jacobian(lambda x: _topk(x, 2, beta=2.0)[0], s)[:, 0]
     torch.testing.assert_close(jac.diagonal(), torch.tensor([0.320679, 0.014999, 0.101911, 0.244395, 0.378861],
                                                             dtype=F64), atol=1e-6, rtol=0)
     torch.testing.assert_close(jac, jac.T)  # symmetric
     torch.testing.assert_close(jac.sum(1), torch.zeros(5, dtype=F64), atol=1e-12, rtol=0)
-    dk = torch.autograd.functional.jacobian(lambda kk: lapsum_topk(S, kk, beta=2.0)[0], k)
+    dk = torch.autograd.functional.jacobian(lambda kk: _topk(S, kk, beta=2.0)[0], k)
     torch.testing.assert_close(dk, torch.tensor([0.293480, 0.009794, 0.070926, 0.196726, 0.429074], dtype=F64),
                                atol=1e-6, rtol=0)
 
@@ -75,7 +85,7 @@ def test_rank_sort_permutation_worked_numbers():
                            [0.306684, 0.130887, 0.015269, 0.454789, 0.092371],
                            [0.054175, 0.845992, 0.002697, 0.080819, 0.016317]], dtype=F64)
     torch.testing.assert_close(P, expect, atol=1e-6, rtol=0)
-    torch.testing.assert_close(P[:2].sum(0), lapsum_topk(S, 2, beta=2.0)[0], atol=1e-12, rtol=0)
+    torch.testing.assert_close(P[:2].sum(0), _topk(S, 2, beta=2.0)[0], atol=1e-12, rtol=0)
     torch.testing.assert_close(LapSum(beta=100.0).soft_rank(S)[0], torch.tensor([3.0, 5, 1, 4, 2], dtype=F64),
                                atol=1e-6, rtol=0)
     hard = LapSum(beta=100.0)(S)[0]
@@ -87,18 +97,18 @@ def test_rank_sort_permutation_worked_numbers():
 def test_sum_equals_real_k(n, scale, beta):
     s = _rand(2, n, seed=n, scale=scale)
     k = torch.tensor([[0.3, n / 3 + 0.7, n - 0.5], [1.0, min(17.3, n / 2), n - 1e-3]], dtype=F64)
-    p = lapsum_topk(s, k, beta=beta)
+    p = _topk(s, k, beta=beta)
     assert p.shape == (2, 3, n)
     assert torch.isfinite(p).all() and (p >= 0).all() and (p <= 1).all()
     assert (p.sum(-1) - k).abs().max() < 1e-12 + 1e-14 * n  # float64 rounding of n terms
-    p32 = lapsum_topk(s.float(), k.float(), beta=beta)
+    p32 = _topk(s.float(), k.float(), beta=beta)
     assert torch.isfinite(p32).all()
     assert (p32.sum(-1) - k.float()).abs().max() / n < 1e-5
 
 
 def test_ties_and_widely_spread_float32():
     s = torch.tensor([[1.0, 1.0, 1.0, -2.0, 5.0, 5.0]])
-    p = lapsum_topk(s, 3.5, beta=1e3)
+    p = _topk(s, 3.5, beta=1e3)
     torch.testing.assert_close(p[0], torch.tensor([0.5, 0.5, 0.5, 0, 1, 1]), atol=1e-5, rtol=0)
     s = _rand(4, 300, dtype=torch.float32, scale=100.0)
     for beta in (0.8, 10.0, 1e3):  # |s|/τ up to ~1e5
@@ -126,14 +136,14 @@ def test_threshold_matches_bisection():
 def test_limits_and_monotonicity():
     s = _rand(4, 9, seed=2)
     hard = torch.zeros_like(s).scatter_(1, s.topk(3, dim=1).indices, 1.0)
-    errs = [float((lapsum_topk(s, 3, beta=b) - hard).abs().max()) for b in (1.0, 10.0, 100.0, 1e4)]
+    errs = [float((_topk(s, 3, beta=b) - hard).abs().max()) for b in (1.0, 10.0, 100.0, 1e4)]
     assert errs == sorted(errs, reverse=True) and errs[0] > 0.1 and errs[-1] < 1e-6
-    torch.testing.assert_close(lapsum_topk(s, 3, beta=1e-6), torch.full_like(s, 3 / 9), atol=1e-5, rtol=0)
+    torch.testing.assert_close(_topk(s, 3, beta=1e-6), torch.full_like(s, 3 / 9), atol=1e-5, rtol=0)
     # raising one score raises its own membership and lowers every other one
     for i in range(9):
         bumped = s.clone()
         bumped[:, i] += 0.3
-        d = lapsum_topk(bumped, 3, beta=2.0) - lapsum_topk(s, 3, beta=2.0)
+        d = _topk(bumped, 3, beta=2.0) - _topk(s, 3, beta=2.0)
         assert (d[:, i] > 0).all()
         assert (torch.cat([d[:, :i], d[:, i + 1:]], 1) <= 1e-15).all()
     ranks = s.argsort(1, descending=True).argsort(1).to(F64) + 1
@@ -158,7 +168,7 @@ def test_permutation_doubly_stochastic_and_equivariant():
     torch.testing.assert_close(P.sum(-1), torch.ones(3, 12, dtype=F64), atol=1e-10, rtol=0)
     torch.testing.assert_close(P.sum(-2), torch.ones(3, 12, dtype=F64), atol=1e-10, rtol=0)
     assert (P >= 0).all()
-    torch.testing.assert_close(P[:, :4].sum(1), lapsum_topk(s, 4, beta=0.7), atol=1e-12, rtol=0)
+    torch.testing.assert_close(P[:, :4].sum(1), _topk(s, 4, beta=0.7), atol=1e-12, rtol=0)
     perm = torch.randperm(12, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(LapSum(beta=0.7)(s[:, perm]), P[:, :, perm])
 
@@ -166,7 +176,7 @@ def test_permutation_doubly_stochastic_and_equivariant():
 def test_gradcheck_custom_backwards(monkeypatch):
     s = _rand(3, 7, seed=6).requires_grad_()
     k = torch.tensor([[1.5, 3.0], [2.2, 6.9], [0.3, 4.0]], dtype=F64, requires_grad=True)
-    assert gradcheck(lambda x, kk: lapsum_topk(x, kk, beta=1.7), (s, k))
+    assert gradcheck(lambda x, kk: _topk(x, kk, beta=1.7), (s, k))
     op = LapSum(beta=1.3)
     assert gradcheck(op.soft_rank, (s,))
     assert gradcheck(op.soft_sort, (s,))
@@ -203,13 +213,13 @@ def test_k_equal_n_and_bad_k():
     torch.testing.assert_close(LapSum().topk_membership(s, [5]), torch.ones(2, 1, 5, dtype=F64))
     for bad in (0.0, -1.0, 5.5, float("nan")):
         with pytest.raises(ValueError, match="k must satisfy"):
-            lapsum_topk(s, bad, beta=1.0)
+            _topk(s, bad, beta=1.0)
     with pytest.raises(TypeError):
-        lapsum_topk(s, "2", beta=1.0)
+        _topk(s, "2", beta=1.0)
     with pytest.raises(ValueError, match="shape"):
-        lapsum_topk(s, torch.ones(3), beta=1.0)
+        _topk(s, torch.ones(3), beta=1.0)
     with pytest.raises(ValueError, match="beta"):
-        lapsum_topk(s, 2.0, beta=0.0)
+        _topk(s, 2.0, beta=0.0)
 
 
 def test_config_and_half_precision():
@@ -229,7 +239,7 @@ def test_operator_takes_real_valued_k():
     out = op.topk_membership(s, [0.3, 2.5, 7.0])
     assert out.shape == (3, 3, 7)
     torch.testing.assert_close(out.sum(-1), torch.tensor([0.3, 2.5, 7.0], dtype=F64).expand(3, 3), atol=1e-12, rtol=0)
-    torch.testing.assert_close(out[:, 1], lapsum_topk(s, 2.5, beta=1.5))
+    torch.testing.assert_close(out[:, 1], _topk(s, 2.5, beta=1.5))
     torch.testing.assert_close(op.topk_membership(s, 2.5)[:, 0], out[:, 1])
     # integer ks give the same as the real ones they equal
     torch.testing.assert_close(op.topk_membership(s, [2]), op.topk_membership(s, [2.0]))

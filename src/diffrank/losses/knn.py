@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from diffrank.metrics.knn import pairwise_euclidean
 from diffrank.operators.base import TOPK_MEMBERSHIP, require
 from diffrank.operators.lapsum import LapSum
 from diffrank.operators.neuralsort import NeuralSort
@@ -21,6 +20,29 @@ from diffrank.operators.sorting_network import ComparatorNetwork
 # operators whose output depends on the scores only through β·s, so that a learned scale of the scores is a
 # learned β (LapSum trains α this way: Struski et al. 2025, §5.1)
 _BETA_TIMES_SCORES = (LapSum, NeuralSort, SoftSort, ComparatorNetwork)
+
+
+
+def pairwise_euclidean(a: Tensor, b: Tensor, squared: bool = False, eps: float = 1e-12) -> Tensor:
+    """Euclidean distances between the rows of ``a`` and of ``b``.
+
+    Args:
+        a: ``(Q, D)`` float tensor. b: ``(T, D)``, same dtype and device.
+        squared: return ‖a_i − b_j‖² instead of ‖a_i − b_j‖.
+        eps: floor of the squared distance before the square root, so the gradient at coincident points
+            is 0 instead of NaN.
+
+    Returns:
+        ``(Q, T)`` of the dtype of ``a``, ≥ 0.
+
+    Raises:
+        ValueError: not 2-D, or feature sizes that differ.
+    """
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
+        raise ValueError(f"need (Q, D) and (T, D) features, got {tuple(a.shape)} and {tuple(b.shape)}")
+    d2 = (a * a).sum(1, keepdim=True) + (b * b).sum(1) - 2 * (a @ b.T)
+    d2 = d2.clamp_min(eps)
+    return d2 if squared else d2.sqrt()
 
 
 class NeighbourLoss(nn.Module):

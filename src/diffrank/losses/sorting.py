@@ -2,7 +2,7 @@
 
 Project convention: the ground-truth permutation Q has ``Q[r, c] = 1`` iff item c holds the (r+1)-th
 LARGEST value (row 0 = rank 1), the same layout as the operators' P (rows = ranks, columns = items).
-Ties among true values are broken by item index (stable sort), as in :mod:`diffrank.metrics.sorting`.
+Ties among true values are broken by item index (stable sort), as in :mod:`diffrank.experiments.metrics.sorting`.
 
 - :class:`SortingBCELoss` (``loss=sort_bce``): element-wise binary cross-entropy between P and Q
   averaged over the B·n·n entries (official ``diffsort`` script, PyTorch ``BCELoss``, which clamps

@@ -18,6 +18,9 @@ diffrank orientation (descending, rank 1 = largest), with ρ = (n, n-1, ..., 1) 
 - soft sort: P_Q(ρ/ε, θ) = ρ/ε - iso(ρ/ε - θ_sorted) (l2), or ρ/ε - v with block value
   LSE(ρ/ε) - LSE(θ_sorted) (kl) — ``-torchsort.soft_sort(-θ)``.
 
+torchsort's ascending functions are :func:`diffrank.functional.soft_rank` / :func:`diffrank.functional.soft_sort`
+with ``method="fast_soft_sort", beta=1/ε`` (equal for ``l2``, the default).
+
 The Jacobian of the isotonic step is block diagonal: within a block every row equals 1/|B| (l2) or
 softmax of the block's entries that depend on θ (kl) (paper Lemma 2 / §5). The backward pass applies it
 exactly in O(n) in a custom ``torch.autograd.Function``. The PAV pass runs on the CPU (CUDA inputs are
@@ -225,41 +228,6 @@ class _SoftSort(torch.autograd.Function):
         return torch.empty_like(gs).scatter_(-1, order, gs), None, None
 
 
-def soft_rank(scores: Tensor, regularization: str = "l2", regularization_strength: float = 1.0) -> Tensor:
-    """Blondel et al. (2020) soft rank, rank 1 = largest (= ``torchsort.soft_rank(-scores)``).
-
-    Args:
-        scores: ``(B, n)`` floating, finite.
-        regularization: ``"l2"`` (P_Q, Σ r = n(n+1)/2 exactly) or ``"kl"`` (P_E).
-        regularization_strength: ε > 0; ε → 0 gives the hard ranks.
-
-    Returns:
-        ``(B, n)`` soft ranks in [1, n], dtype of ``scores``.
-
-    Raises:
-        TypeError / ValueError: bad scores (see :func:`~diffrank.operators.base.check_scores`), unknown
-            regularization, ε <= 0.
-    """
-    return FastSoftSort.with_strength(regularization_strength, regularization).soft_rank(scores)
-
-
-def soft_sort(scores: Tensor, regularization: str = "l2", regularization_strength: float = 1.0) -> Tensor:
-    """Blondel et al. (2020) soft sort, descending (= ``-torchsort.soft_sort(-scores)``).
-
-    Args:
-        scores: ``(B, n)`` floating, finite.
-        regularization: ``"l2"`` (Σ output = Σ scores exactly) or ``"kl"``.
-        regularization_strength: ε > 0; ε → 0 gives the hard descending sort.
-
-    Returns:
-        ``(B, n)`` soft-sorted values, descending, dtype of ``scores``.
-
-    Raises:
-        TypeError / ValueError: bad scores, unknown regularization, ε <= 0.
-    """
-    return FastSoftSort.with_strength(regularization_strength, regularization).soft_sort(scores)
-
-
 class FastSoftSort(RankingOperator):
     """Blondel et al. (2020) soft sort / soft rank as a ranking operator (no P, no top-k membership).
 
@@ -299,11 +267,13 @@ class FastSoftSort(RankingOperator):
         return op
 
     def _soft_rank(self, scores: Tensor) -> Tensor:
-        """Soft ranks, 1 = largest (paper §5 "soft ranking"); see :func:`soft_rank`."""
+        """Soft ranks, 1 = largest (paper §5 "soft ranking"): r = P_Q(-θ/ε, ρ) (l2) or exp P_E(-θ/ε, log ρ) (kl),
+        ``torchsort.soft_rank(-θ)``; Σ r = n(n+1)/2 exactly for l2."""
         return _SoftRank.apply(scores, self.regularization_strength, self.regularization)
 
     def _soft_sort(self, scores: Tensor) -> Tensor:
-        """Soft sort, descending (paper §5 "soft sorting"); see :func:`soft_sort`."""
+        """Soft sort, descending (paper §5 "soft sorting"): P_Q(ρ/ε, θ) (l2; Σ = Σ θ exactly) or its kl form,
+        ``-torchsort.soft_sort(-θ)``."""
         return _SoftSort.apply(scores, self.regularization_strength, self.regularization)
 
     def extra_repr(self) -> str:

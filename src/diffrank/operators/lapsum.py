@@ -11,7 +11,9 @@ contract: **α = -1/β, τ = |α| = 1/β** (the paper's best α = -1.5 for CIFAR
 increasing and the knots u_i = -β s_(i) are ascending (scores sorted descending).
 
 - Soft top-k (§3.3, Thm 3.3): p_i = F_α(b - s_i) with b = Lap_s⁻¹(k); Σ_i p_i = k exactly for any
-  real k ∈ (0, n]: ``topk_membership`` takes real k (floats, or tensors that may require grad).
+  real k ∈ (0, n]: ``topk_membership`` takes real k (floats, or tensors that may require grad); the
+  functional form is ``diffrank.functional.topk_membership(x, k, method="lapsum", beta=β)``, and the k
+  *smallest* (α > 0) are its value on -x (p(s, k, +α) = p(-s, k, -α)).
 - Soft rank (§3.2, Thm 3.2): R_i = Lap_s(s_i) + ½ = 1 + Σ_{j≠i} F(β(s_j - s_i)); rank 1 = largest.
 - Soft sort (§3.2): sort_i = Lap_s⁻¹(i - ½), descending.
 - Soft permutation (§3.4, Def. 3.5): P[j, i] = F_α(b_j - s_i) - F_α(b_{j-1} - s_i), b_j = Lap_s⁻¹(j);
@@ -215,33 +217,28 @@ class _LapSumRank(torch.autograd.Function):
         return _unsort(0.5 * ctx.beta * acc, order), None
 
 
-def lapsum_topk(scores: Tensor, k: float | Tensor, beta: float, largest: bool = True,
-                backend: str = "auto") -> Tensor:
-    """LapSum soft top-k membership with real-valued k (Struski et al. 2025, Thm 3.3, eq. (3)).
+def _topk(scores: Tensor, k: Tensor, beta: float, backend: str) -> Tensor:
+    """LapSum soft top-k membership with real-valued k (Struski et al. 2025, Thm 3.3, eq. (3)), as used by
+    :meth:`LapSum.topk_membership` (public form: ``diffrank.functional.topk_membership(x, k, method="lapsum")``).
 
-    p_i = F_α(Lap_s⁻¹(k) - s_i), α = -1/β (largest) or +1/β (smallest); Σ_i p_i = k exactly. A functional
-    form of :meth:`LapSum.topk_membership` with one k per row.
+    p_bmi = F_α(Lap_s⁻¹(k_bm) - s_bi), α = -1/β; Σ_i p_bmi = k_bm exactly. A k that requires grad receives
+    ∂L/∂k = ⟨v, π⟩ (π = softmax(-|x|), App. C.2).
 
     Args:
-        scores: ``(B, n)`` floating, finite.
-        k: a real number, or a tensor of shape ``()``, ``(B,)`` (one k per row) or ``(B, M)``; every value
-            in (0, n]. A tensor k that requires grad receives ∂L/∂k = ⟨v, π⟩ (π = softmax(-|x|), App. C.2).
+        scores: ``(B, n)`` validated scores (finite, float32 / float64).
+        k: ``(B, M)`` validated ks in (0, n], dtype of ``scores``.
         beta: inverse temperature β = 1/|α| > 0.
-        largest: True selects the largest scores (α < 0); False the smallest (p(s, k, +α) = p(-s, k, -α)).
-        backend: ``"auto"`` | ``"torch"`` | ``"triton"``, as for :class:`LapSum`.
+        backend: ``"auto"`` | ``"torch"`` | ``"triton"``: the Triton kernel of :mod:`diffrank.kernels.lapsum`
+            or the PyTorch path (:class:`_LapSumTopK`).
 
     Returns:
-        ``(B, n)`` for a scalar or ``(B,)`` k, ``(B, M, n)`` for a ``(B, M)`` k; dtype of ``scores``.
-
-    Raises:
-        TypeError / ValueError: bad scores, beta <= 0, k outside (0, n] or of another shape, or a bad backend.
+        ``(B, M, n)``, dtype of ``scores``.
     """
-    op = LapSum(beta, backend=backend)
-    matrix = isinstance(k, Tensor) and k.dim() == 2
-    if isinstance(k, Tensor) and k.dim() == 1:
-        k = k.unsqueeze(-1)  # (B,) -> (B, 1): one k per row
-    p = op.topk_membership(scores if largest else -scores, k)
-    return p if matrix else p.squeeze(-2)
+    if use_triton(backend, scores):
+        from diffrank.kernels.lapsum import lapsum_topk as kernel_topk
+
+        return kernel_topk(scores, k, beta)
+    return _LapSumTopK.apply(scores, k, beta)
 
 
 class LapSum(RankingOperator):
@@ -338,12 +335,7 @@ class LapSum(RankingOperator):
     def _topk_membership(self, s: Tensor, ks: list[float] | Tensor) -> Tensor:
         """Soft top-k memberships p = F_α(Lap⁻¹(k) - s) for each k (Thm 3.3); rows sum to k exactly."""
         kt = ks.to(s.dtype) if isinstance(ks, Tensor) else torch.tensor(ks, dtype=s.dtype, device=s.device)
-        kt = kt.expand(s.shape[0], kt.shape[-1])
-        if use_triton(self.backend, s):
-            from diffrank.kernels.lapsum import lapsum_topk as kernel_topk
-
-            return kernel_topk(s, kt, self.beta)
-        return _LapSumTopK.apply(s, kt, self.beta)
+        return _topk(s, kt.expand(s.shape[0], kt.shape[-1]), self.beta, self.backend)
 
     def _soft_rank(self, s: Tensor) -> Tensor:
         """Soft ranks R_i = 1 + Σ_{j≠i} F(β(s_j - s_i)) (Thm 3.2; rank 1 = largest, Σ R = n(n+1)/2)."""

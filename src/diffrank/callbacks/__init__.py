@@ -1,9 +1,0 @@
-"""Lightning callbacks and plugins for reproducible runs: checkpoint selection with a tie rule, ``last.ckpt``
-after every validation, atomic checkpoint files, and the state that exact resumption needs; and the Hydra
-callback that ends every multirun in a summary (:class:`diffrank.callbacks.hydra_callbacks.SweepSummary`)."""
-
-from diffrank.callbacks.checkpoint import AtomicCheckpointIO, ModelCheckpoint
-from diffrank.callbacks.hydra_callbacks import SweepSummary
-from diffrank.callbacks.resume import ResumeState
-
-__all__ = ["AtomicCheckpointIO", "ModelCheckpoint", "ResumeState", "SweepSummary"]

@@ -1,0 +1,10 @@
+"""Lightning callbacks and plugins for reproducible runs: checkpoint selection with a tie rule, ``last.ckpt``
+after every validation, atomic checkpoint files, and the state that exact resumption needs; and the Hydra
+callback that ends every multirun in a summary
+(:class:`diffrank.experiments.callbacks.hydra_callbacks.SweepSummary`)."""
+
+from diffrank.experiments.callbacks.checkpoint import AtomicCheckpointIO, ModelCheckpoint
+from diffrank.experiments.callbacks.hydra_callbacks import SweepSummary
+from diffrank.experiments.callbacks.resume import ResumeState
+
+__all__ = ["AtomicCheckpointIO", "ModelCheckpoint", "ResumeState", "SweepSummary"]

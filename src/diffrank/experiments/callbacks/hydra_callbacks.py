@@ -1,0 +1,134 @@
+"""Hydra callbacks (``hydra.callbacks`` in ``configs/hydra/default.yaml``): a multirun ends in an answer.
+
+:class:`SweepSummary`:
+
+- ``on_multirun_start``: creates the sweep folder (an Optuna ``sqlite:///<sweep dir>/optuna.db`` storage must
+  be openable before the first job starts) and, for an Optuna search whose study already exists there (a
+  stopped search run again into the same ``hydra.sweep.dir``), lowers ``hydra.sweeper.n_trials`` by the trials
+  the study has finished, so that ``n_trials`` stays the size of the whole search (the sweeper itself would run
+  ``n_trials`` more);
+- ``on_multirun_end``: :func:`diffrank.experiments.sweeps.summarize` (``sweep_summary.csv``, ``sweep.png``,
+``best.yaml``),
+  prints the best configuration, and with a W&B logger logs the plot, the summary table and the best
+  configuration as one W&B run of job type ``sweep`` in the sweep's group.
+
+Hydra calls ``on_multirun_end`` only when every job succeeded (a failed job makes the sweeper raise); then
+``python scripts/sweep_report.py SWEEP_DIR`` writes the same files.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf, read_write
+
+log = logging.getLogger(__name__)
+
+OPTUNA_FINISHED_STATES = ("COMPLETE", "PRUNED", "FAIL")
+
+
+def optuna_finished_trials(storage: str, study_name: str) -> int:
+    """Trials of an Optuna study in ``storage`` that finished (complete, pruned or failed); 0 when the study or
+    its sqlite file does not exist. A trial left running by a killed search does not count (it is run again)."""
+    import optuna
+
+    if storage.startswith("sqlite:///") and not Path(storage[len("sqlite:///"):]).is_file():
+        return 0
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:  # no such study in the storage yet
+        return 0
+    return sum(t.state.name in OPTUNA_FINISHED_STATES for t in study.trials)
+
+
+def _uses_wandb(config: DictConfig) -> bool:
+    loggers = config.get("logger") or {}
+    return any(isinstance(c, DictConfig) and str(c.get("_target_", "")).endswith("WandbLogger")
+               for c in loggers.values())
+
+
+class SweepSummary(Callback):
+    """Summary, plot and best configuration of every multirun; Optuna searches resume to their total.
+
+    Args:
+        metric: the metric to optimise (default: the jobs' ``optimized_metric``).
+        mode: ``max`` / ``min`` (default: the jobs' ``optimized_mode``).
+        wandb: log the summary to W&B when the run config has a W&B logger (default true).
+    """
+
+    def __init__(self, metric: str | None = None, mode: str | None = None, wandb: bool = True) -> None:
+        self.metric, self.mode, self.wandb = metric, mode, bool(wandb)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Create the sweep folder; shorten a resumed Optuna search to the trials it still lacks."""
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        sweeper = config.hydra.get("sweeper") or {}
+        storage, study = sweeper.get("storage"), sweeper.get("study_name")
+        if not (storage and study and "n_trials" in sweeper):
+            return
+        done = optuna_finished_trials(str(storage), str(study))
+        if done:
+            total = int(sweeper.n_trials)
+            with read_write(config.hydra.sweeper):  # Hydra's config is read-only; the sweeper is built after this
+                config.hydra.sweeper.n_trials = max(0, total - done)
+            log.info("Optuna study %s in %s has %d finished trials: running %d more (n_trials=%d in all)",
+                     study, storage, done, max(0, total - done), total)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """Write the summary files of the sweep folder and report the best configuration."""
+        from diffrank.experiments.sweeps import format_report, summarize
+
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        try:
+            summary = summarize(sweep_dir, self.metric, self.mode)
+        except Exception:  # a summary must never turn a finished sweep into a failed command
+            log.exception("sweep summary of %s failed; run scripts/sweep_report.py %s", sweep_dir, sweep_dir)
+            return
+        report = format_report(summary)
+        log.info("%s", report)
+        if self.wandb and _uses_wandb(config):
+            try:
+                log_sweep_to_wandb(config, summary)
+            except Exception:
+                log.exception("could not log the sweep summary to W&B")
+
+
+def log_sweep_to_wandb(config: DictConfig, summary: dict[str, Any]) -> None:
+    """One W&B run (job type ``sweep``, in the sweep's group, offline unless an API key is configured) holding
+    ``sweep.png``, the summary table and the best configuration; always finished."""
+    import pandas as pd
+    import wandb
+
+    from diffrank.experiments.loggers import wandb_group, wandb_offline_default
+
+    wcfg = next(c for c in config.logger.values() if str(c.get("_target_", "")).endswith("WandbLogger"))
+    sweep_dir = Path(summary["sweep_dir"])
+    paper = OmegaConf.to_container(config.paper, resolve=True) if isinstance(config.get("paper"), DictConfig) \
+        else None
+    offline = wandb_offline_default(wcfg.get("offline"))
+    run = wandb.init(project=wcfg.get("project"), group=wandb_group(paper, sweep_dir.name, config.get("task_name")),
+                     job_type="sweep", name=f"sweep-{sweep_dir.name}", dir=str(sweep_dir),
+                     mode="offline" if offline else None,
+                     config={"sweep_dir": str(sweep_dir), "metric": summary["metric"], "mode": summary["mode"],
+                             "swept_keys": summary["keys"]})
+    try:
+        png = summary["files"].get("png")
+        if png:
+            run.log({"sweep_plot": wandb.Image(str(png))})
+        csv_path = summary["files"].get("csv")
+        if csv_path:
+            run.log({"sweep_summary": wandb.Table(dataframe=pd.read_csv(csv_path, dtype=str).fillna(""))})
+        best = summary.get("best")
+        if best:
+            run.summary["best/value"] = best["best"]["mean"]
+            for k, v in best["best"]["overrides"].items():
+                run.summary[f"best/{k}"] = v
+    finally:
+        run.finish()
+
+
+__all__ = ["SweepSummary", "log_sweep_to_wandb", "optuna_finished_trials"]

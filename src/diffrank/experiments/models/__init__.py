@@ -1,0 +1,1 @@
+"""diffrank.experiments.models."""

@@ -1,0 +1,328 @@
+"""Our runs against the papers' tables: match ``results.json`` records to the bundled reference rows
+(:mod:`diffrank.reference`), tabulate paper / ours / Δ, and render them as Markdown, a PNG or a console table.
+
+Used by ``scripts/compare_to_paper.py`` (the report over run folders) and by training runs with a W&B logger,
+which log their own row of the comparison (:func:`collect_runs` on the run's record).
+
+Every record whose ``paper`` field is a dict is matched to the reference rows whose columns equal every field
+of that dict. Each matched row (one per metric) becomes a line: the published value, our mean ± sample std
+over the runs (seeds) sharing the same ``paper`` key, Δ = ours − paper, and the number of runs. Our metric for a
+reference metric ``M`` is ``<prefix><m>`` with m = M lower-cased (``EM`` → ``test/em``, ``top1`` →
+``test/top1``); our fractions are shown in % unless the reference row's note says it is printed as a fraction.
+A table row run with another operator is a variant (``paper`` null, ``variant_of`` the row): it is skipped,
+never shown as the row's method. The budget column is the optimizer steps actually taken × the global batch
+(``results.json`` fields ``optimizer_steps`` / ``global_batch``, summed over DDP ranks; older records:
+:meth:`~diffrank.experiments.record.RunRecord.from_dict`).
+
+Temperature sweeps: when the runs of one ``paper`` key differ in ``operator.beta`` (a row whose temperature is
+not published, swept with ``hparams_search=beta_grid``: SinkhornSort in Petersen et al. 2022), only the runs of
+the β with the best seed-mean validation accuracy (``val/top1_best``, else the run's ``optimized_metric``) are
+reported, and the line says which β (``selected``). Our values are printed with the paper's decimals, at least
+two (ImageNet-1K top-5 has three). Reference rows of a table that are not runs (Petersen et al. 2022 Table 5's
+published numbers of other models, ``method`` ``literature``) are shown with the table's lines, ours empty.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from diffrank import reference
+from diffrank.experiments.record import RunRecord
+
+# the columns that identify a reference row to a reader; shown when they vary inside a table
+LABEL_COLUMNS = ("dataset", "model", "method", "operator", "sigmoid", "network", "n", "pk", "m", "setting")
+
+
+def find_results(paths: Iterable[str | Path]) -> list[Path]:
+    """All ``results.json`` files under the given files / folders, sorted.
+
+    Raises:
+        FileNotFoundError: a path that does not exist.
+    """
+    found: set[Path] = set()
+    for p in map(Path, paths):
+        if not p.exists():
+            raise FileNotFoundError(f"no such file or folder: {p}")
+        if p.is_file():
+            found.add(p)
+        else:
+            found.update(p.rglob("results.json"))
+    return sorted(found)
+
+
+def _key(paper: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((str(k), reference._norm(v)) for k, v in paper.items()))
+
+
+def _is_fraction(row: dict[str, str]) -> bool:
+    note = row.get("note", "").lower()
+    return "fraction" in note and "x100" not in note and "×100" not in note
+
+
+def _budget(run: dict[str, Any]) -> str:
+    """``steps×batch`` of a run: optimizer steps actually taken and the global batch (summed over DDP ranks);
+    the fallbacks of older records are :meth:`RunRecord.from_dict`'s."""
+    rec = RunRecord.from_dict(run)
+    steps, batch = rec.steps, rec.global_batch
+    return f"{steps}×{batch}" if steps is not None and batch is not None else "?"
+
+
+def collect(paths: Iterable[str | Path], metric_prefix: str = "test/") -> dict[str, Any]:
+    """Match every results.json under ``paths`` to the reference rows (:func:`collect_runs` on the files read).
+
+    Returns:
+        ``{"tables": {(paper, table): [line, ...]}, "unmatched": [(path, paper_key)], "skipped": int,
+        "runs": int}``; a line is a dict with the reference row, ``ours`` (list of values in the row's
+        unit), ``mean``, ``std`` (None for one run), ``delta``, ``runs``, ``budget`` and ``run_dirs``.
+
+    Raises:
+        FileNotFoundError: a path that does not exist.
+    """
+    runs: list[tuple[Path, dict[str, Any]]] = []
+    for path in find_results(paths):
+        rec = RunRecord.read(path)
+        if rec is None:
+            print(f"warning: cannot read {path} (missing, partial or not a JSON object)", file=sys.stderr)
+            continue
+        runs.append((path, rec.to_dict()))
+    return collect_runs(runs, metric_prefix)
+
+
+def collect_runs(records: Iterable[tuple[str | Path, dict[str, Any]]], metric_prefix: str = "test/") -> dict[str, Any]:
+    """Match in-memory ``results.json`` records to the reference rows (what :func:`collect` does after reading
+    the files; a finishing run calls it on its own record to log the comparison to W&B).
+
+    Args:
+        records: ``(path of the results.json, record)`` pairs; runs sharing a ``paper`` key are pooled (seeds).
+        metric_prefix: our metric for a reference metric ``M`` is ``<prefix><m>``, m = M lower-cased.
+
+    Returns:
+        The same dict as :func:`collect`.
+    """
+    groups: dict[tuple, list[tuple[Path, dict[str, Any]]]] = defaultdict(list)
+    unmatched, skipped, runs = [], 0, 0
+    for path, run in records:
+        path = Path(path)
+        paper = run.get("paper")
+        if not isinstance(paper, dict):
+            skipped += 1
+            continue
+        runs += 1
+        # runs on generated stand-in data (results.json synthetic_data) never pool with runs on the real data,
+        # nor runs of another budget (a short check of a row is not one of its seeds)
+        groups[(_key(paper), bool(run.get("synthetic_data")), _budget(run))].append((path, run))
+    tables: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for (key, synthetic, budget), members in groups.items():
+        try:
+            rows = reference.match(dict(key))
+        except KeyError:
+            rows = []
+        if not rows:
+            unmatched.append((str(members[0][0]), dict(key)))
+            continue
+        members, selected = select_beta(members)
+        for row in rows:
+            name = metric_prefix + row["metric"].lower()
+            scale = 1.0 if _is_fraction(row) else 100.0
+            ours = [scale * float(r["metrics"][name]) for _, r in members
+                    if isinstance(r.get("metrics"), dict) and name in r["metrics"]]
+            try:
+                paper_value = float(row["value"])
+            except ValueError:
+                paper_value = math.nan
+            mean = statistics.fmean(ours) if ours else math.nan
+            tables[(row["paper"], row["table"])].append({
+                "row": row, "metric": row["metric"], "paper": paper_value, "ours": ours, "mean": mean,
+                "std": statistics.stdev(ours) if len(ours) > 1 else None,
+                "delta": mean - paper_value if ours else math.nan, "runs": len(ours),
+                "budget": budget,
+                "run_dirs": [str(p.parent) for p, _ in members], "selected": selected,
+                "data": "synthetic" if synthetic else "",
+            })
+    for (paper, table), lines in tables.items():
+        lines.extend(_reference_only(paper, table, lines))
+    for lines in tables.values():
+        lines.sort(key=lambda ln: tuple(_sort_value(ln["row"].get(c, "")) for c in (*LABEL_COLUMNS, "metric")))
+    return {"tables": dict(sorted(tables.items())), "unmatched": unmatched, "skipped": skipped, "runs": runs}
+
+
+def _beta(run: dict[str, Any]) -> float | None:
+    op = (run.get("config") or {}).get("operator")
+    beta = op.get("beta") if isinstance(op, dict) else None
+    try:
+        return None if beta is None else float(beta)
+    except (TypeError, ValueError):
+        return None
+
+
+def _val_score(run: dict[str, Any]) -> float:
+    metrics = run.get("metrics") or {}
+    cfg = run.get("config") or {}
+    for name in ("val/top1_best", cfg.get("optimized_metric"), "val/top1"):
+        if isinstance(name, str) and isinstance(metrics.get(name), (int, float)):
+            return float(metrics[name])
+    return math.nan
+
+
+def select_beta(members: list[tuple[Path, dict[str, Any]]]) -> tuple[list[tuple[Path, dict[str, Any]]], str | None]:
+    """The runs of one paper key at the selected temperature when they span several ``operator.beta``: the β
+    whose runs have the best mean validation score (``val/top1_best``, else ``optimized_metric``, else
+    ``val/top1``; NaN-free runs only; on ties the smaller β). One β (or none): all runs, no selection.
+
+    Returns:
+        ``(runs kept, "β=<value> (best val of <k> β)" or None)``.
+    """
+    betas = {_beta(r) for _, r in members}
+    if len(betas) < 2:
+        return members, None
+    scores = {}
+    for beta in betas:
+        vals = [_val_score(r) for _, r in members if _beta(r) == beta]
+        vals = [v for v in vals if not math.isnan(v)]
+        scores[beta] = statistics.fmean(vals) if vals else -math.inf
+    best = max(sorted(betas, key=lambda b: (b is None, b or 0.0)), key=lambda b: scores[b])
+    return [(p, r) for p, r in members if _beta(r) == best], f"β={best:g} (best val of {len(betas)} β)"
+
+
+def _reference_only(paper: str, table: str, lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Lines for the published rows of (paper, table) that no run can have (``method`` ``literature``)."""
+    shown = {tuple(ln["row"].get(c) for c in reference.COLUMNS) for ln in lines}
+    out = []
+    for row in reference.all_rows():
+        if row["paper"] == paper and row["table"] == table and row["method"] == "literature" \
+                and tuple(row.get(c) for c in reference.COLUMNS) not in shown:
+            try:
+                value = float(row["value"])
+            except ValueError:
+                value = math.nan
+            out.append({"row": row, "metric": row["metric"], "paper": value, "ours": [], "mean": math.nan,
+                        "std": None, "delta": math.nan, "runs": 0, "budget": "", "run_dirs": [], "selected": None})
+    return out
+
+
+def decimals(printed: str, minimum: int = 2) -> int:
+    """Decimals to print our number with: those of the published value (``"97.795"`` → 3), at least
+    ``minimum``."""
+    text = printed.strip()
+    return max(minimum, len(text.split(".", 1)[1]) if "." in text and text.replace(".", "", 1).lstrip("-").isdigit()
+               else 0)
+
+
+def _sort_value(v: str) -> tuple[int, float, str]:
+    try:
+        return (0, float(v), "")
+    except ValueError:
+        return (1, 0.0, v)
+
+
+def _label_columns(lines: list[dict[str, Any]]) -> list[str]:
+    """Columns worth showing: those that vary inside the table, plus method, operator and n."""
+    always = ("method", "operator", "n")
+    cols = [c for c in LABEL_COLUMNS if len({ln["row"].get(c, "") for ln in lines}) > 1 or c in always]
+    return [c for c in cols if any(ln["row"].get(c, "") for ln in lines)]
+
+
+def fmt(v: float | None, digits: int = 2) -> str:
+    """A number for the report (``—`` for None / NaN)."""
+    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
+
+
+def table_rows(lines: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Header and cells of one report table."""
+    cols = _label_columns(lines)
+    header = [*cols, "metric", "paper", "ours", "Δ", "runs", "steps×batch"]
+    synthetic = any(ln.get("data") for ln in lines)
+    if synthetic:  # say it on every row: a number on generated data is not a reproduction
+        header.insert(len(cols), "data")
+    selected = any(ln.get("selected") for ln in lines)
+    if selected:
+        header.append("selected")
+    cells = []
+    for ln in lines:
+        digits = decimals(ln["row"]["value"])
+        ours = fmt(ln["mean"], digits) + ("" if ln["std"] is None else f" ± {fmt(ln['std'], digits)}")
+        delta = fmt(ln["delta"], digits)
+        if delta.startswith("-") and not delta.strip("-0."):  # a rounded-away negative is no difference
+            delta = delta[1:]
+        if delta != "—" and not delta.startswith("-"):
+            delta = "+" + delta
+        cells.append([*(ln["row"].get(c, "") for c in cols), *([ln.get("data") or "real"] if synthetic else []),
+                      ln["metric"], ln["row"]["value"], ours, delta,
+                      str(ln["runs"]), ln["budget"], *([ln.get("selected") or ""] if selected else [])])
+    return header, cells
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The whole report as Markdown."""
+    out = ["# Our runs vs the papers", "",
+           f"{result['runs']} runs with a `paper` key; {result['skipped']} results.json without one were skipped. "
+           "Values in % (ours: mean ± sample std over runs); Δ = ours − paper; steps×batch = our training budget.",
+           ""]
+    for (paper, table), lines in result["tables"].items():
+        header, cells = table_rows(lines)
+        out += [f"## {paper}, Table {table}", "", "| " + " | ".join(header) + " |",
+                "|" + "|".join("---" for _ in header) + "|"]
+        out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in cells]
+        out.append("")
+    if result["unmatched"]:
+        out += ["## Runs whose `paper` key matches no reference row", ""]
+        out += [f"- `{path}`: `{json.dumps(key)}`" for path, key in result["unmatched"]]
+        out.append("")
+    return "\n".join(out)
+
+
+def plot(result: dict[str, Any], path: Path) -> Path | None:
+    """Ours vs paper, one panel per table (error bars = std over runs); None when nothing to plot."""
+    tables = {k: [ln for ln in v if ln["runs"] and not math.isnan(ln["paper"])] for k, v in result["tables"].items()}
+    tables = {k: v for k, v in tables.items() if v}
+    if not tables:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(tables), figsize=(4.5 * len(tables), 4.2), squeeze=False)
+    for ax, ((paper, table), lines) in zip(axes[0], tables.items()):
+        for metric in sorted({ln["metric"] for ln in lines}):
+            sel = [ln for ln in lines if ln["metric"] == metric]
+            ax.errorbar([ln["paper"] for ln in sel], [ln["mean"] for ln in sel],
+                        yerr=[ln["std"] or 0.0 for ln in sel], fmt="o", capsize=3, label=metric)
+        lo = min(min(ln["paper"], ln["mean"]) for ln in lines)
+        hi = max(max(ln["paper"], ln["mean"]) for ln in lines)
+        pad = 0.05 * (hi - lo or 1.0)
+        ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], "k--", lw=0.8)
+        ax.set_xlabel("paper")
+        ax.set_ylabel("ours")
+        ax.set_title(f"{paper}\nTable {table}", fontsize=9)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def print_console(result: dict[str, Any]) -> None:
+    """The report's tables in the console (rich)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for (paper, table), lines in result["tables"].items():
+        header, cells = table_rows(lines)
+        t = Table(title=f"{paper}, Table {table}")
+        for h in header:
+            t.add_column(h, justify="right" if h in ("paper", "ours", "Δ", "runs", "n") else "left")
+        for row in cells:
+            t.add_row(*row)
+        console.print(t)
+    for path, key in result["unmatched"]:
+        console.print(f"[yellow]no reference row for[/yellow] {path}: {key}")

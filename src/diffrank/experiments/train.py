@@ -1,0 +1,381 @@
+"""Training entry point: compose → build data, loss (with the operator and P_K its yaml interpolates), model
+→ fit → test → results.json.
+
+``python train.py [overrides]`` calls :func:`main`; tests call :func:`train` with a composed config.
+
+Sweeps (docs/sweeps.md): a multirun job whose folder already holds a complete ``results.json`` with the same
+overrides returns it without training (``skip_finished``), so re-running a stopped sweep into its folder
+(``hydra.sweep.dir=…``) trains only what is missing. ``data.batch_size`` is the *global* batch: under DDP each
+of the ``world_size`` processes gets ``batch_size / world_size`` (``results.json`` records ``world_size``,
+``per_device_batch``, ``global_batch`` and the ``optimizer_steps`` taken).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning as L
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+import diffrank.experiments.sweeps  # noqa: F401  (registers the configs' resolvers: ${beta_grid:…}, ${short_hash:…})
+from diffrank.experiments.callbacks import ResumeState
+from diffrank.experiments.composition import check_model_fits_data, prepare
+from diffrank.experiments.fit import fit_and_test
+from diffrank.experiments.instantiate import instantiate
+from diffrank.experiments.malloc import keep_freed_memory
+from diffrank.experiments.record import (
+    RunRecord,
+    compute_environment,
+    device_description,
+    git_state,
+    to_float,
+    versions,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _hydra_info() -> dict[str, Any]:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return {"choices": {}, "overrides": [], "run_dir": None, "multirun": False, "sweep_dir": None}
+    hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
+    return {"choices": {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra/")},
+            "overrides": list(hc.overrides.task), "run_dir": hc.runtime.output_dir, "multirun": multirun,
+            "sweep_dir": str(hc.sweep.dir) if multirun else None}
+
+
+def finished_record(cfg: DictConfig, overrides: list[str], multirun: bool) -> dict[str, Any] | None:
+    """The ``results.json`` record of this job if it already finished, else None.
+
+    A job counts as finished when ``cfg.skip_finished`` is true, it is a multirun job (a single run gets a
+    fresh folder anyway), and ``<paths.output_dir>/results.json`` is a complete record (:meth:`RunRecord.read`)
+    with ``status: done``, the same task overrides (same order), and, for a training run, the
+    ``optimized_metric`` among its metrics.
+    """
+    if not (multirun and cfg.get("skip_finished")):
+        return None
+    out = cfg.paths.get("output_dir") if cfg.get("paths") else None
+    rec = RunRecord.read(Path(out) / "results.json") if out else None
+    if not rec or rec.status != "done" or rec.overrides != [str(o) for o in overrides]:
+        return None
+    name = cfg.get("optimized_metric")
+    if cfg.get("train", True) and name and name not in rec.metrics:
+        return None
+    return rec.to_dict()
+
+
+def _slurm_resume_path(cfg: DictConfig) -> str | None:
+    """``last.ckpt`` of this run's folder when SLURM restarted the job (preemption / timeout requeue,
+    ``SLURM_RESTART_COUNT`` > 0) and no checkpoint was given; None otherwise.
+
+    Lightning's SLURM environment (auto-requeue) also saves ``hpc_ckpt_*.ckpt`` on the requeue signal and
+    resumes from it by itself when ``ckpt_path`` is None: that checkpoint is newer, so it wins when present.
+    """
+    if cfg.get("ckpt_path") is not None or int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) <= 0:
+        return None
+    out = Path(str(cfg.paths.output_dir))
+    if any(out.glob("hpc_ckpt_*.ckpt")):
+        return None
+    last = out / "checkpoints" / "last.ckpt"
+    return str(last) if last.is_file() else None
+
+
+def _per_device_batch(global_batch: int, world_size: int) -> int:
+    if global_batch % world_size:
+        raise ValueError(f"data.batch_size={global_batch} is the global batch and must be divisible by the "
+                         f"world size {world_size} (devices x nodes)")
+    return global_batch // world_size
+
+
+def _trained_steps(trainer: L.Trainer, done: dict[str, Any]) -> int:
+    """Optimizer steps taken by fit. Under ddp_spawn the main process's trainer never stepped (its global_step
+    stays 0): the last checkpoint written by the workers knows."""
+    steps = int(trainer.global_step)
+    cb = trainer.checkpoint_callback
+    if steps or cb is None:
+        return steps
+    # the workers' callback state does not come back to the main process; their last.ckpt does
+    candidates = [getattr(cb, "last_model_path", "") or "", str(Path(str(getattr(cb, "dirpath", "") or "."))
+                                                              / "last.ckpt")]
+    for last in candidates:
+        if last and Path(last).is_file():
+            from diffrank.experiments.fit import checkpoint_info
+
+            return int(checkpoint_info(last)["global_step"] or 0)
+    return steps
+
+
+def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
+    """Run one experiment described by ``cfg``.
+
+    A paper row run with another operator becomes a variant (its own operator config, no ``paper`` key), and
+    groups nothing reads (P_K in a sorting run) are left out of the record: :mod:`diffrank.experiments.composition`.
+
+    Args:
+        cfg: the composed ``configs/train.yaml`` (needs ``HydraConfig`` set when it uses ``${hydra:…}``).
+
+    A multirun job that already finished (:func:`finished_record`) returns its recorded metrics without
+    building anything (``objects`` is then ``{"results": record, "skipped": True}``). Under DDP each rank loads
+    ``data.batch_size / world_size`` items (``data.batch_size`` is the global batch). Any W&B run is finished on
+    the way out, also after an exception.
+
+    Returns:
+        ``(metrics, objects)``: the final metrics (``test/*``, ``val/*``, ``train/*`` as floats) and the
+        built objects (datamodule, operator, loss, model, trainer, and ``results``: the record written).
+
+    Raises:
+        ValueError: unknown or incompatible choices (e.g. a loss that the operator cannot serve), or a global
+            batch that the world size does not divide.
+    """
+    t0 = time.time()
+    info = _hydra_info()
+    finished = finished_record(cfg, info["overrides"], info["multirun"])
+    if finished is not None:
+        log.info("skipping %s: it already finished (results.json with the same overrides); delete that file "
+                 "to train it again", cfg.paths.output_dir)
+        return dict(finished.get("metrics") or {}), {"results": finished, "skipped": True}
+    cfg, used = prepare(cfg, info["choices"], info["overrides"])
+    if used["variant_of"]:
+        log.warning("%s is a row of %s; operator=%s runs a variant of it, recorded without its paper key",
+                    used["variant_of"]["experiment"], used["variant_of"]["paper_operator"],
+                    used["variant_of"]["operator"])
+    if cfg.get("seed") is not None:
+        L.seed_everything(cfg.seed, workers=True)
+    datamodule = instantiate(cfg.data)
+    loss = instantiate(cfg.loss)  # its yaml interpolates what it needs: operator: ${operator}, p_k: ${pk}
+    operator = getattr(loss, "operator", None)
+    check_model_fits_data(cfg, info["choices"])
+    model = instantiate(cfg.model, loss=loss)
+    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
+    if cfg.trainer.get("enable_progress_bar") is False:  # Lightning refuses a progress-bar callback then
+        callbacks = [c for c in callbacks if not isinstance(c, L.pytorch.callbacks.ProgressBar)]
+    if not any(isinstance(c, ResumeState) for c in callbacks):
+        callbacks.append(ResumeState())  # RNG states and sampler position in every checkpoint (exact resume)
+    paper = OmegaConf.to_container(cfg.paper, resolve=True) if isinstance(cfg.get("paper"), DictConfig) \
+        else cfg.get("paper")
+    loggers = [instantiate(c, **_wandb_kwargs(c, cfg, used["choices"], paper, info))
+               for c in (cfg.get("logger") or {}).values() if c and "_target_" in c]
+    try:
+        trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+        world_size = int(trainer.world_size)
+        global_batch = datamodule.batch_size if hasattr(datamodule, "batch_size") else None
+        if global_batch is not None and world_size > 1:
+            # data.batch_size is the global batch: each rank loads its share (same steps per epoch as 1 process)
+            datamodule.batch_size = _per_device_batch(int(global_batch), world_size)
+        if loggers:
+            for lg in loggers:
+                lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+        resume = _slurm_resume_path(cfg)
+        if resume:
+            log.info("SLURM restart %s: resuming from %s", os.environ.get("SLURM_RESTART_COUNT"), resume)
+            with open_dict(cfg):
+                cfg.ckpt_path = resume
+        # fit and test the selected checkpoint, or (train=false ckpt_path=…) evaluate a checkpoint
+        done = fit_and_test(cfg, trainer, model, datamodule, loggers)
+        metrics = {k: to_float(v) for k, v in {**done["fit"], **done["eval"], **done["test"]}.items()}
+        objects = {"datamodule": datamodule, "operator": operator, "loss": loss, "model": model, "trainer": trainer}
+        if trainer.is_global_zero:
+            steps = _trained_steps(trainer, done) if cfg.get("train", True) else None
+            accumulate = int(cfg.trainer.get("accumulate_grad_batches") or 1)
+            per_device = getattr(datamodule, "batch_size", None)
+            record = RunRecord(**{
+                "status": "done",
+                "task_name": cfg.get("task_name"), "paper": paper,
+                "variant_of": used["variant_of"],
+                "metrics": metrics, "choices": used["choices"], "overrides": info["overrides"],
+                "seed": cfg.get("seed"), "split_seed": cfg.data.get("split_seed") if cfg.get("data") else None,
+                # generated stand-ins for unavailable data (scripts/make_warcraft_like.py) say so in every record
+                "synthetic_data": bool(getattr(datamodule, "synthetic", False)),
+                "synthetic_info": getattr(datamodule, "synthetic_info", None),
+                "global_step": done["checkpoint"]["global_step"] if done["evaluated_checkpoint"]
+                else int(trainer.global_step),
+                "optimizer_steps": steps, "world_size": world_size, "per_device_batch": per_device,
+                "accumulate_grad_batches": accumulate,
+                "global_batch": None if per_device is None else int(per_device) * world_size * accumulate,
+                "evaluated_checkpoint": done["evaluated_checkpoint"], "checkpoint": done["checkpoint"],
+                **git_state(), "versions": versions(), "wall_time_s": time.time() - t0,
+                "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "device": device_description(env := compute_environment()), "compute": env,
+                "run_dir": info["run_dir"], "sweep_dir": info["sweep_dir"],
+                "config": OmegaConf.to_container(cfg, resolve=False),
+            })
+            if not done["evaluated_checkpoint"] and steps is not None:
+                record.global_step = steps
+            out = cfg.paths.get("output_dir") if cfg.get("paths") else None
+            if out:
+                log.info("results: %s", record.write(Path(out) / "results.json"))
+            record = objects["results"] = record.to_dict()
+            _log_paper_comparison(loggers, record)
+    finally:
+        _finish_wandb(loggers)
+    return metrics, objects
+
+
+def _wandb_kwargs(logger_cfg: DictConfig, cfg: DictConfig, choices: dict[str, Any], paper: Any,
+                  info: dict[str, Any]) -> dict[str, Any]:
+    """``group`` (paper table, or the sweep, :func:`diffrank.experiments.loggers.wandb_group`) and ``tags`` for a W&B
+    logger whose config leaves them null; nothing for other loggers."""
+    if not str(logger_cfg.get("_target_", "")).endswith("WandbLogger"):
+        return {}
+    from diffrank.experiments.loggers import wandb_group, wandb_tags
+
+    sweep = Path(info["sweep_dir"]).name if info.get("sweep_dir") else None
+    kwargs: dict[str, Any] = {}
+    if logger_cfg.get("group") is None:
+        kwargs["group"] = wandb_group(paper, sweep, cfg.get("task_name"))
+    if logger_cfg.get("tags") is None:
+        extra = list(cfg.get("tags") or []) + ([f"sweep:{sweep}"] if sweep else [])
+        kwargs["tags"] = wandb_tags(cfg, choices, extra)
+    return kwargs
+
+
+def _log_paper_comparison(loggers: list[Any], record: dict[str, Any]) -> None:
+    from lightning.pytorch.loggers.wandb import WandbLogger
+
+    from diffrank.experiments.loggers import log_paper_comparison
+
+    for lg in loggers:
+        if isinstance(lg, WandbLogger):
+            summary = log_paper_comparison(lg.experiment, record)
+            if summary:
+                log.info("W&B summary: %s", ", ".join(f"{k}={v}" for k, v in summary.items() if "/row" not in k))
+
+
+def _finish_wandb(loggers: list[Any]) -> None:
+    """``wandb.finish()`` whenever a W&B run is open (also after an exception): the next multirun job must get
+    its own run, not attach to this one."""
+    try:
+        import wandb
+    except ImportError:
+        return
+    if wandb.run is not None:
+        wandb.finish()
+
+
+def summary_caption(record: dict[str, Any] | None) -> str | None:
+    """The conditions of a headline number: which checkpoint was tested, on what device and threads."""
+    if not record:
+        return None
+    ckpt = record.get("checkpoint") or {}
+    what = f"{Path(ckpt['path']).name} (epoch {ckpt['epoch']}, step {ckpt['global_step']})" if ckpt \
+        else "final weights"
+    if record.get("evaluated_checkpoint"):
+        what = f"evaluation of {what}"
+    versions = record.get("versions") or {}
+    return f"{what}; {record.get('device')}; torch {versions.get('torch')}"
+
+
+def print_summary(metrics: dict[str, float], record: dict[str, Any] | None = None) -> None:
+    """Print the test metrics as a rich table (what ``make train`` ends with), captioned with the tested
+    checkpoint and the device when ``record`` (the ``results.json`` record) is given."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="test metrics")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for k in sorted(metrics):
+        if k.startswith("test/"):
+            v = metrics[k]
+            table.add_row(k, f"{100 * v:.2f} %" if "loss" not in k else f"{v:.4f}")
+    console = Console()
+    console.print(table)
+    caption = summary_caption(record)
+    if caption:
+        console.print(f"tested: {caption}", soft_wrap=True, markup=False, highlight=False)
+
+
+def main() -> None:
+    """Console entry point (``diffrank-train``): same as ``python train.py``."""
+    import sys
+
+    from diffrank.registry import config_dir
+
+    sys.argv.insert(1, f"--config-path={config_dir()}")
+    hydra.main(version_base="1.3", config_path=None, config_name="train")(run)()
+
+
+def _runs_on_cpu(trainer_cfg: DictConfig) -> bool:
+    accelerator = str(trainer_cfg.get("accelerator", "auto"))
+    return accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+
+
+def apply_process_settings(cfg: DictConfig) -> dict[str, bool]:
+    """Process-wide settings of a script run (never applied by :func:`train`, which is a library function).
+
+    - ``extras.ignore_warnings`` (default false): silence every Python warning for this process.
+    - ``extras.keep_freed_memory`` (default true): for CPU runs only, glibc keeps freed memory instead of
+      unmapping it every step (:func:`diffrank.experiments.malloc.keep_freed_memory`); logged when applied.
+
+    Returns:
+        ``{"ignore_warnings": bool, "keep_freed_memory": bool}``: what was applied.
+    """
+    extras = cfg.get("extras") or {}
+    applied = {"ignore_warnings": bool(extras.get("ignore_warnings")), "keep_freed_memory": False}
+    if applied["ignore_warnings"]:
+        warnings.filterwarnings("ignore")
+    if extras.get("keep_freed_memory") and _runs_on_cpu(cfg.trainer):
+        applied["keep_freed_memory"] = keep_freed_memory()
+        log.info("CPU run, extras.keep_freed_memory: glibc malloc keeps freed memory (%s)",
+                 "applied" if applied["keep_freed_memory"] else "not glibc, nothing changed")
+    return applied
+
+
+def _write_failure(cfg: DictConfig, error: BaseException, wall_time_s: float) -> None:
+    """``results.json`` with ``status: failed`` (the sweep summary lists the job as failed, and skip-finished
+    trains it again); never over a finished record, and only in the main process."""
+    if os.environ.get("LOCAL_RANK", "0") != "0" or os.environ.get("NODE_RANK", "0") != "0":
+        return
+    try:
+        out = cfg.paths.get("output_dir") if cfg.get("paths") else None
+        if not out:
+            return
+        path = Path(out) / "results.json"
+        if getattr(RunRecord.read(path), "status", None) == "done":
+            return
+        RunRecord(status="failed", error=f"{type(error).__name__}: {error}"[:2000],
+                  overrides=_hydra_info()["overrides"], wall_time_s=wall_time_s,
+                  finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                  config=OmegaConf.to_container(cfg, resolve=False)).write(path)
+    except Exception:  # the original error matters more than its record
+        log.exception("could not write the failure record")
+
+
+def run(cfg: DictConfig) -> float | None:
+    """:func:`train`, then close W&B (so multirun jobs get their own runs), print the test metrics and
+    return ``cfg.optimized_metric`` for sweepers.
+
+    Raises:
+        KeyError: if a training run did not log ``optimized_metric``.
+    """
+    if cfg.get("extras") and cfg.extras.get("print_config"):
+        log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=False))
+    apply_process_settings(cfg)
+    t0 = time.time()
+    try:
+        metrics, objects = train(cfg)
+    except Exception as e:
+        _write_failure(cfg, e, time.time() - t0)
+        raise
+    finally:
+        _finish_wandb([])
+    print_summary(metrics, objects.get("results"))
+    if objects.get("skipped"):
+        log.info("finished earlier (skip_finished): %s", objects["results"].get("run_dir"))
+    elif "results" in objects:
+        log.info("wall time %.1f s; run folder %s", objects["results"]["wall_time_s"], objects["results"]["run_dir"])
+    name = cfg.get("optimized_metric")
+    if name and name not in metrics and cfg.get("train", True):  # an evaluation need not log it
+        raise KeyError(f"optimized_metric '{name}' was not logged; logged: {sorted(metrics)}")
+    return metrics.get(name) if name else None

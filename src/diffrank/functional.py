@@ -1,0 +1,325 @@
+"""Functional API of the relaxed sorting / ranking / top-k operators, in torch's conventions.
+
+``soft_sort``, ``soft_rank``, ``topk_membership`` and ``permutation_matrix`` take a tensor of any shape and
+work along one dimension ``dim`` (default the last), like :func:`torch.sort`; ``soft_sort`` and ``soft_rank``
+are **ascending** by default (the smallest value gets rank 1, as ``torch.argsort(x).argsort() + 1`` and
+``torchsort.soft_rank``). ``descending=True`` gives exactly the operators' own convention (rank 1 = the
+largest; :class:`~diffrank.operators.base.RankingOperator`, docs/conventions.md "Relaxed permutation matrix:
+rows = ranks"), and the ascending results are obtained from it exactly:
+
+- ascending soft-sorted values = the descending ones flipped along ``dim``;
+- ascending soft rank = n + 1 − descending soft rank.
+
+``method`` names an operator config (``diffrank.operators.available()``: ``"neuralsort"``, ``"softsort"``,
+``"sinkhorn"``, ``"diffsort_odd_even"``, ``"diffsort_bitonic"``, ``"difftopk_bitonic"``,
+``"difftopk_splitter"``, ``"lapsum"``, ``"fast_soft_sort"``, ``"soft_topk"``, ``"relaxed_bubble_sort"``),
+built by :func:`diffrank.operators.load` with ``beta`` and the extra keyword ``**options`` (constructor
+arguments, e.g. ``sigmoid="cauchy"``, ``regularization="kl"``) replacing the config's values; built operators
+are cached per (name, β, options), so a training loop does not rebuild one every call. ``method`` may also
+be an already-built :class:`~diffrank.operators.base.RankingOperator`, used as is (then ``beta`` and
+``**options`` must not be given).
+
+``hard=True`` is the straight-through estimator: the forward value is the exact hard result, the backward
+pass the relaxation's gradient (``hard + (soft - soft.detach())``). Ties in the hard forward are broken as
+``torch.sort(..., stable=True)`` breaks them: among equal values the one with the smaller index along ``dim``
+comes first in the sorted order (it gets the smaller ascending rank, and the smaller descending rank with
+``descending=True``; it wins a top-k place).
+
+Shapes: the dimension ``dim`` holds the n items; every other dimension is a batch dimension. Internally
+``dim`` is moved last and the rest flattened into the ``(B, n)`` batch the operators take.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from diffrank.operators import load
+from diffrank.operators.base import RankingOperator
+
+__all__ = ["permutation_matrix", "soft_rank", "soft_sort", "topk_membership"]
+
+
+_CACHE: dict[Any, RankingOperator] = {}
+_CACHE_SIZE = 64
+
+
+def _operator(method: str | RankingOperator, beta: float | None, options: dict[str, Any]) -> RankingOperator:
+    """The operator ``method`` names (built by :func:`diffrank.operators.load`, cached) or ``method`` itself.
+
+    Raises:
+        ValueError: an operator instance together with ``beta`` or options; an unknown name (from ``load``,
+            which lists the known ones); a bad β or option (from the operator's constructor).
+        TypeError: ``method`` neither a name nor a :class:`RankingOperator`.
+    """
+    if isinstance(method, RankingOperator):
+        given = ([] if beta is None else ["beta"]) + sorted(options)
+        if given:
+            raise ValueError(f"method is an operator instance ({type(method).__name__}); {', '.join(given)} "
+                             "must not be given with it (set them when building the operator)")
+        return method
+    if not isinstance(method, str):
+        raise TypeError(f"method must be an operator name (str) or a RankingOperator, got {type(method).__name__}")
+    if beta is not None:
+        options = {**options, "beta": float(beta)}
+    key = (method, tuple(sorted(options.items())))
+    try:
+        op = _CACHE.get(key)
+    except TypeError:  # an unhashable option value: build without caching
+        return load(method, **options)
+    if op is None:
+        op = load(method, **options)
+        if len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.pop(next(iter(_CACHE)))  # the oldest entry
+        _CACHE[key] = op
+    return op
+
+
+def _rows(x: Tensor, dim: int) -> tuple[Tensor, tuple[int, ...], int]:
+    """``x`` with ``dim`` moved last and the other dims flattened: ``(B, n)``, the batch shape and ``dim``
+    normalised to ``[0, x.dim())``.
+
+    Raises:
+        TypeError: ``x`` not a tensor. ValueError: a 0-dim ``x`` or n = 0. IndexError: ``dim`` out of range.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension (the items along dim), got a 0-dim tensor")
+    if not -x.dim() <= dim < x.dim():
+        raise IndexError(f"dim = {dim} is out of range for a tensor with {x.dim()} dimensions")
+    dim = dim % x.dim()
+    n = x.shape[dim]
+    if n == 0:
+        raise ValueError(f"x must have at least one item along dim = {dim}, got shape {tuple(x.shape)}")
+    moved = x.movedim(dim, -1)
+    return moved.reshape(-1, n), tuple(moved.shape[:-1]), dim
+
+
+def _restore(out: Tensor, batch: tuple[int, ...], dim: int) -> Tensor:
+    """``(B, n)`` back to x's shape: the batch dims, then the items moved back to ``dim``."""
+    return out.reshape(*batch, out.shape[-1]).movedim(-1, dim)
+
+
+def _straight_through(hard: Tensor, soft: Tensor) -> Tensor:
+    """Forward value ``hard`` exactly, gradient of ``soft``."""
+    return hard + (soft - soft.detach())
+
+
+def _hard_order(rows: Tensor, descending: bool) -> Tensor:
+    """``(B, n)`` item indices in sorted order, ties by index (``torch.sort(stable=True)``)."""
+    return torch.sort(rows.detach(), dim=-1, descending=descending, stable=True).indices
+
+
+def _hard_ranks(rows: Tensor, descending: bool) -> Tensor:
+    """Exact ranks 1..n as floats of ``rows``' dtype: the position + 1 of each item in the stable sort."""
+    order = _hard_order(rows, descending)
+    pos = torch.arange(1, rows.shape[-1] + 1, dtype=rows.dtype, device=rows.device).expand_as(rows)
+    return torch.empty_like(rows).scatter_(-1, order, pos)
+
+
+def soft_sort(x: Tensor, *, method: str | RankingOperator, beta: float | None = None, descending: bool = False,
+              dim: int = -1, hard: bool = False, **options: Any) -> Tensor:
+    """Soft-sorted values along ``dim``, ascending unless ``descending`` (like ``torch.sort(x, dim).values``).
+
+    The operator's soft sort is descending (``P @ s`` for an operator with a relaxed permutation P: NeuralSort,
+    Grover et al. 2019, Eq. 5; SoftSort, Prillo & Eisenschlos 2020, Eq. 3; Sinkhorn, Cuturi et al. 2019, §3;
+    sorting networks, Petersen et al. 2021, Eq. 1 / 2022, Eq. 3; relaxed bubble sort, Petersen 2022 thesis
+    §2.3; the permutahedron projection of Blondel et al. 2020, §5 for ``"fast_soft_sort"``; LapSum,
+    Struski et al. 2025, §3.2). ``descending=True`` returns it as is; the ascending result is that tensor
+    flipped along ``dim`` (for ``"fast_soft_sort"`` with ``regularization="l2"`` this equals
+    ``torchsort.soft_sort(x, regularization_strength=1/beta)``).
+
+    Args:
+        x: floating tensor (float16 / bfloat16 / float32 / float64; half precision is computed in float32)
+            of any shape with at least one dimension; ``dim`` holds the n >= 1 items, every other dim is a
+            batch dim. Finite values.
+        method: an operator name (``diffrank.operators.available()``) or a built
+            :class:`~diffrank.operators.base.RankingOperator` (then no ``beta`` / ``options``).
+        beta: inverse temperature β > 0 (larger = closer to the hard sort); default None: the
+            method's config β (``configs/operator/<method>.yaml``). For ``"fast_soft_sort"`` β = 1/ε, ε
+            torchsort's ``regularization_strength``.
+        descending: False (default): ascending; True: descending (the operator convention).
+        dim: the dimension to sort along.
+        hard: straight-through: the forward value is ``torch.sort(x, dim, descending).values`` exactly, the
+            gradient that of the soft sort.
+        **options: constructor arguments of the operator replacing its config's (e.g. ``sigmoid="cauchy"``).
+
+    Returns:
+        Same shape and dtype as ``x``.
+
+    Raises:
+        TypeError: ``x`` not a tensor or not floating point (the operator's message); ``method`` of another type.
+        ValueError: a 0-dim ``x``, n = 0, non-finite values, an unknown method name, an operator instance with
+            ``beta`` / options, a bad β / option, or an operator without ``"soft_sort"`` (e.g. ``"soft_topk"``,
+            ``"difftopk_splitter"``; the operator's message lists what it provides).
+        IndexError: ``dim`` out of range.
+    """
+    op = _operator(method, beta, options)
+    rows, batch, dim = _rows(x, dim)
+    desc = op.soft_sort(rows)
+    out = desc if descending else desc.flip(-1)
+    if hard:
+        out = _straight_through(torch.sort(rows.detach(), dim=-1, descending=descending, stable=True).values, out)
+    return _restore(out, batch, dim)
+
+
+def soft_rank(x: Tensor, *, method: str | RankingOperator, beta: float | None = None, descending: bool = False,
+              dim: int = -1, hard: bool = False, **options: Any) -> Tensor:
+    """Soft ranks in [1, n] along ``dim``; ascending by default: the smallest value gets rank 1.
+
+    Ascending ranks are what ``torch.argsort(x, dim).argsort(dim) + 1`` and ``torchsort.soft_rank`` give;
+    ``descending=True`` gives rank 1 to the largest value and equals the operator method
+    ``op.soft_rank(scores)`` (for an operator with P, the expected rank Σ_r r · P[r, j]: Petersen et al.
+    2022, §2; Blondel et al. 2020, §5 for ``"fast_soft_sort"``; Struski et al. 2025, Thm 3.2 for
+    ``"lapsum"``). The ascending rank is n + 1 − the descending one, exactly. For ``"fast_soft_sort"`` with
+    ``regularization="l2"`` (default), ``soft_rank(x, method="fast_soft_sort", beta=1/ε)`` equals
+    ``torchsort.soft_rank(x, regularization_strength=ε)``; with ``"kl"`` the ascending result is still the
+    reflection n + 1 − r of the descending one, which is not torchsort's ascending ``"kl"`` rank (the
+    entropic projection is not symmetric under that reflection).
+
+    Args:
+        x: floating tensor of any shape with at least one dimension (see :func:`soft_sort`).
+        method: an operator name or a built :class:`~diffrank.operators.base.RankingOperator`.
+        beta: inverse temperature β > 0, default the config's (``"fast_soft_sort"``: β = 1/ε).
+        descending: False (default): rank 1 = the smallest; True: rank 1 = the largest (operator convention).
+        dim: the dimension that holds the items.
+        hard: straight-through: the forward value is the exact ranks 1..n as floats, ties broken as
+            ``torch.sort(x, dim, descending, stable=True)`` (the item with the smaller index gets the smaller
+            rank), the gradient that of the soft ranks.
+        **options: constructor arguments of the operator (e.g. ``regularization="kl"``).
+
+    Returns:
+        Same shape and dtype as ``x``; along ``dim`` the ranks sum to n(n + 1)/2 for a doubly stochastic P and
+        for ``"fast_soft_sort"`` / ``"lapsum"``.
+
+    Raises:
+        TypeError: ``x`` not a tensor or not floating point; ``method`` of another type.
+        ValueError: a 0-dim ``x``, n = 0, non-finite values, an unknown method, an operator instance with
+            ``beta`` / options, a bad β / option, or an operator without ``"soft_rank"``.
+        IndexError: ``dim`` out of range.
+    """
+    op = _operator(method, beta, options)
+    rows, batch, dim = _rows(x, dim)
+    desc = op.soft_rank(rows)
+    out = desc if descending else (rows.shape[-1] + 1) - desc
+    if hard:
+        out = _straight_through(_hard_ranks(rows, descending), out)
+    return _restore(out, batch, dim)
+
+
+def _is_integral(k: numbers.Real | Tensor) -> bool:
+    """Whether every value of ``k`` is a whole number (reads a tensor ``k`` on the host)."""
+    if isinstance(k, Tensor):
+        return not k.is_floating_point() or bool(torch.equal(k, k.floor()))
+    return float(k).is_integer()
+
+
+def topk_membership(x: Tensor, k: int | float | Tensor, *, method: str | RankingOperator,
+                    beta: float | None = None, dim: int = -1, hard: bool = False, **options: Any) -> Tensor:
+    """Probability that each item is among the k largest along ``dim``.
+
+    For an operator with a relaxed permutation P (rows = ranks, rank 1 = largest) this is the inner sum of
+    Petersen et al. 2022, Eq. 2, Σ_{r<=k} P[r, j]; ``"soft_topk"`` solves an entropic OT onto two anchors
+    (Xie et al. 2020, Eq. 4); ``"lapsum"`` is p_j = F_α(Lap_s⁻¹(k) − s_j) (Struski et al. 2025, Thm 3.3),
+    which takes real k and sums to k exactly. The same as ``op.topk_membership(scores, [k])[:, 0]``.
+
+    Args:
+        x: floating tensor of any shape with at least one dimension (see :func:`soft_sort`).
+        k: the number of top items: an ``int`` in [1, n]; for a method that takes real k (``"lapsum"``) also
+            a float in (0, n], or a tensor of shape ``()`` or of the batch shape (x's shape without ``dim``:
+            one k per set), which may require grad (LapSum gives ∂/∂k). Integer 0-dim tensors are read as
+            ints (for every method). Other methods refuse a non-integer k with their own ``TypeError``.
+        method: an operator name or a built :class:`~diffrank.operators.base.RankingOperator`.
+        beta: inverse temperature β > 0, default the config's.
+        dim: the dimension that holds the items.
+        hard: straight-through: the forward value is the exact 0/1 indicator of the k largest (ties broken as
+            ``torch.sort(x, dim, descending=True, stable=True)``: the smaller index wins), the gradient that of
+            the soft memberships. Needs a whole-number k.
+        **options: constructor arguments of the operator.
+
+    Returns:
+        Same shape and dtype as ``x``; along ``dim`` they sum to k (the top k rows of P sum to 1 each;
+        LapSum and SOFT top-k by construction). Values lie in [0, 1], up to the column sums of a
+        row-stochastic P (NeuralSort, SoftSort: columns sum to ≈ 1 only). The k *smallest* are
+        ``topk_membership(-x, k, ...)``.
+
+    Raises:
+        TypeError: ``x`` not a tensor or not floating point; a k of the wrong type for the method.
+        ValueError: a 0-dim ``x``, n = 0, non-finite values, k out of range, a tensor k of another shape, an
+            unknown method, an operator instance with ``beta`` / options, an operator without
+            ``"topk_membership"`` (e.g. ``"fast_soft_sort"``), or ``hard=True`` with a fractional k.
+        IndexError: ``dim`` out of range.
+    """
+    op = _operator(method, beta, options)
+    rows, batch, dim = _rows(x, dim)
+    if isinstance(k, Tensor):
+        if k.dim() == 0 and not k.is_floating_point() and not k.is_complex() and k.dtype != torch.bool:
+            ks: Any = [int(k)]
+        elif k.dim() == 0:
+            ks = k.reshape(1)  # one k for every set: (M = 1,)
+        elif tuple(k.shape) == batch:
+            ks = k.reshape(-1, 1)  # one k per set: (B, M = 1)
+        else:
+            raise ValueError(f"k must be a number or a tensor of shape () or of the batch shape {batch} (x's shape "
+                             f"without dim), got shape {tuple(k.shape)}")
+    else:
+        ks = [k]
+    out = op.topk_membership(rows, ks)[:, 0]
+    if hard:
+        if not _is_integral(k):
+            raise ValueError(f"hard=True needs a whole-number k (the hard top-k of a fractional k is undefined), "
+                             f"got k = {k}")
+        kk = k.reshape(-1, 1).to(rows.device) if isinstance(k, Tensor) and k.dim() > 0 else k
+        hard_out = (_hard_ranks(rows, True) <= kk).to(rows.dtype)
+        out = _straight_through(hard_out, out)
+    return _restore(out, batch, dim)
+
+
+def permutation_matrix(x: Tensor, *, method: str | RankingOperator, beta: float | None = None,
+                       k: int | None = None, dim: int = -1, hard: bool = False, **options: Any) -> Tensor:
+    """Relaxed permutation matrix P in the project's convention: rows = ranks (row 0 = rank 1 = the largest),
+    columns = items along ``dim``.
+
+    P is NeuralSort's P̂ (Grover et al. 2019, Eq. 5), SoftSort's (Prillo & Eisenschlos 2020, Eq. 3), the
+    scaled entropic-OT plan (Cuturi et al. 2019, §3), the product of a relaxed comparator network's layer
+    matrices (Petersen et al. 2021, Eq. 1-2; top-k rows by the bidirectional evaluation of Petersen et al.
+    2022, Eq. 3), the relaxed bubble sort's (Petersen 2022 thesis §2.3) or LapSum's (Struski et al. 2025,
+    Def. 3.5). ``P @ v`` (v the items along ``dim``, as a column) is the soft sort in descending order; there is
+    no ascending variant (flip the rows for one). Each row sums to 1.
+
+    Args:
+        x: floating tensor of any shape with at least one dimension (see :func:`soft_sort`).
+        method: an operator name or a built :class:`~diffrank.operators.base.RankingOperator`.
+        beta: inverse temperature β > 0, default the config's.
+        k: ``None`` for all n rows, else only the top k rows (an int in [1, n]).
+        dim: the dimension that holds the items.
+        hard: straight-through: the forward value is the exact 0/1 permutation (``P[r, j] = 1`` iff item j is
+            at position r of ``torch.sort(x, dim, descending=True, stable=True)``: ties by index), the gradient
+            that of the relaxed P.
+        **options: constructor arguments of the operator.
+
+    Returns:
+        Shape ``(*batch, m, n)`` with ``batch`` = the dims of ``x`` other than ``dim``, in their order
+        (e.g. ``x`` of shape ``(A, n, C)`` with ``dim=1`` → ``(A, C, m, n)``), ``m = n`` or ``k``, n the size of
+        ``dim``; dtype of ``x``. ``P[..., r, j]``: the probability that item j has rank r + 1.
+
+    Raises:
+        TypeError: ``x`` not a tensor or not floating point; a non-integer k.
+        ValueError: a 0-dim ``x``, n = 0, non-finite values, k outside [1, n], an unknown method, an operator
+            instance with ``beta`` / options, or an operator without ``"permutation"`` (``"fast_soft_sort"``,
+            ``"soft_topk"``, ``"difftopk_splitter"``).
+        IndexError: ``dim`` out of range.
+    """
+    op = _operator(method, beta, options)
+    rows, batch, dim = _rows(x, dim)
+    p = op(rows, k)
+    if hard:
+        m = p.shape[-2]
+        order = _hard_order(rows, True)[:, :m]
+        hard_p = torch.zeros_like(p).scatter_(-1, order.unsqueeze(-1), 1.0)
+        p = _straight_through(hard_p, p)
+    return p.reshape(*batch, *p.shape[-2:])

@@ -1,1 +1,0 @@
-"""diffrank.metrics."""

@@ -1,1 +1,0 @@
-"""Small helpers: config lookup, instantiation, results files."""

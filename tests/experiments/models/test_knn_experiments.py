@@ -1,0 +1,116 @@
+"""Deep kNN end to end: the module, every experiment config (fast_dev_run on tiny files in the official
+formats), the rows' paper keys, the digits smoke run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from conftest import CONFIGS, SHARED_DATA, options
+from diffrank import reference
+from diffrank.experiments.models.knn import KNNClassifier
+from diffrank.experiments.models.nets import CifarResNet18, PCAFeatures, TwoLayerConvNet
+from diffrank.experiments.train import train
+from diffrank.losses.knn import NeighbourLoss
+from diffrank.operators import load
+from experiments.data.image_files import write_cifar10, write_mnist
+
+CONFIGS_KNN = [e for e in options("experiment") if e.startswith("knn/")]
+PROTOCOLS = ["knn/mnist", "knn/fashion_mnist", "knn/cifar10"]
+ROWS = [e for e in CONFIGS_KNN if e not in PROTOCOLS]
+SAMPLE = ["knn/mnist", "knn/soft_topk_t1/mnist_soft_topk", "knn/soft_topk_t1/mnist_pca",
+          "knn/soft_topk_t1/mnist_ce_cnn", "knn/lapsum_t3/mnist_lapsum", "knn/fashion_mnist/neuralsort",
+          "knn/soft_topk_t1/cifar10_pixels"]
+
+
+@pytest.fixture(scope="module")
+def image_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("knn_images")
+    write_mnist(root, "MNIST", n_train=120, n_test=30)
+    write_mnist(root, "FashionMNIST", n_train=120, n_test=30, seed=1)
+    write_cifar10(root, per_batch=16, n_test=20)  # 80 - 20 held out >= PCA-50
+    return root
+
+
+def _small(name: str, root) -> list[str]:
+    cifar = "cifar10" in name
+    return [f"paths.data_dir={root}", "data.val_size=20", "data.eval_batch_size=50",
+            *(["data.batch_size=20", "model.num_queries=10"] if cifar
+              else ["data.batch_size=40", "model.num_queries=20"])]
+
+
+def test_sample_covers_every_table_and_dataset():
+    assert set(SAMPLE) <= set(CONFIGS_KNN)
+    assert {"knn/soft_topk_t1", "knn/lapsum_t3", "knn/fashion_mnist"} <= {n.rsplit("/", 1)[0] for n in ROWS}
+
+
+def test_rows_carry_their_paper_keys():
+    for name in ROWS:
+        cfg = OmegaConf.load(CONFIGS / "experiment" / f"{name}.yaml")
+        if name.startswith("knn/fashion_mnist/"):
+            assert cfg.paper is None, name
+            continue
+        rows = reference.match(OmegaConf.to_container(cfg.paper, resolve=True))
+        assert [r["metric"] for r in rows] == ["top1"], name
+        assert rows[0]["dataset"] == name.rsplit("/", 1)[1].split("_")[0], name
+        if "paper_operator" in cfg:
+            assert rows[0]["operator"] == cfg.paper_operator, name
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in SAMPLE else pytest.mark.slow) for n in CONFIGS_KNN])
+def test_fast_dev_run(compose_train, image_root, name):
+    metrics, objects = train(compose_train([f"experiment={name}", *_small(name, image_root)]))
+    assert 0 <= metrics["test/top1"] <= 1 and "val/top1" in metrics
+    model = objects["model"]
+    assert isinstance(model, KNNClassifier)
+    rec = objects["results"]
+    assert (rec["paper"] is None) == (name in PROTOCOLS or name.startswith("knn/fashion_mnist/"))
+    if "ce_cnn" in name or "pretrained_cnn" in name:
+        assert model.head is not None and {"test/knn_top1", "test/head_top1"} & set(metrics)
+    if name.endswith("_lapsum") or name == "knn/fashion_mnist/lapsum":
+        assert "train/beta" in metrics
+
+
+def test_digits_runs_in_seconds(compose_train):
+    metrics, _ = train(compose_train(["model=knn", "data=digits", "operator=lapsum", "data.batch_size=60",
+                                      "model.num_queries=30", "model.net.padding=2"]))
+    assert metrics["test/top1"] > 0
+
+
+def test_module_checks_its_arguments():
+    net, opt = TwoLayerConvNet(), torch.optim.SGD
+    loss = NeighbourLoss(load("lapsum"), k=3)
+    with pytest.raises(ValueError, match="no head"):
+        KNNClassifier(net, loss, opt, 10, head=torch.nn.Linear(500, 10))
+    with pytest.raises(ValueError, match="needs a head"):
+        KNNClassifier(net, torch.nn.CrossEntropyLoss(), opt, 10)
+    with pytest.raises(ValueError, match="primary"):
+        KNNClassifier(net, loss, opt, 10, primary="both")
+
+
+def test_feature_nets_have_the_papers_sizes():
+    net = TwoLayerConvNet()
+    assert net.fc[0].in_features == 4 * 4 * 50 and net(torch.zeros(2, 1, 28, 28)).shape == (2, 500)
+    assert CifarResNet18()(torch.zeros(2, 3, 32, 32)).shape == (2, 512)
+    with pytest.raises(ValueError, match="too small"):
+        TwoLayerConvNet((1, 8, 8))
+    pca = PCAFeatures((1, 4, 4), n_components=3)
+    with pytest.raises(RuntimeError, match="fit"):
+        pca(torch.zeros(1, 1, 4, 4))
+    x = torch.randn(50, 1, 4, 4)
+    pca.fit(x)
+    z = pca(x)
+    assert z.shape == (50, 3) and torch.allclose(z.mean(0), torch.zeros(3), atol=1e-5)
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "MNIST" / "raw").is_dir(), reason="real MNIST not present")
+def test_real_mnist_pixels_baseline_matches_its_published_range(compose_train):
+    """kNN (k = 9) on raw pixels of the real MNIST: Grover et al. report 97.2 %; test on the first 1 000
+    test images only (limit_test_batches) to stay fast."""
+    cfg = compose_train(["experiment=knn/soft_topk_t1/mnist_pixels", f"paths.data_dir={SHARED_DATA}",
+                         "trainer.limit_val_batches=1", "trainer.limit_test_batches=1"], fast=False)
+    cfg.trainer.enable_progress_bar = False
+    cfg.callbacks = {k: v for k, v in cfg.callbacks.items() if k != "rich_progress_bar"}
+    metrics, _ = train(cfg)
+    assert 0.95 < metrics["test/top1"] < 0.99

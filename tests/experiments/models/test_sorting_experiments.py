@@ -1,0 +1,216 @@
+"""The sorting benchmark end to end: the CNNs, the protocols with every full-P operator, every table row
+(generated = committed, compose + paper key, fast_dev_run), rows run with another operator (variants)."""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+import sys
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from conftest import CONFIGS, ROOT, options
+from diffrank import reference
+from diffrank.experiments.models.sorting import MultiDigitCNN, RankingSupervisionModule
+from diffrank.experiments.train import train
+from diffrank.operators import load
+
+PROTOCOLS = ["sorting/mnist", "sorting/svhn"]
+ROWS = [e for e in options("experiment") if e.startswith("sorting/") and e not in PROTOCOLS]
+FULL_P = [n for n in options("operator") if "permutation" in load(n).capabilities]
+SMALL = ["data=digits_sort", "data.batch_size=8", "data.val_sets=8", "data.test_sets=8", "data.eval_batch_size=8"]
+SMALL_SVHN = ["data.batch_size=4", "data.eval_batch_size=4"]  # + paths.data_dir=<tiny files>
+# one per operator family / loss / network / table / dataset, and the extreme n
+REPRESENTATIVE = ["sorting/thesis_t3_7/odd_even_cauchy_n5", "sorting/thesis_t3_3/bitonic_art_n4",
+                  "sorting/thesis_t3_7/sinkhorn_n3", "sorting/thesis_t3_7/fast_soft_sort_n5",
+                  "sorting/lapsum_t4/lapsum_n5", "sorting/thesis_t7_3/softsort_n10",
+                  "sorting/thesis_t3_7/bitonic_reciprocal_n32", "sorting/thesis_t3_4/svhn_bitonic_art_n8",
+                  "sorting/thesis_t3_5/bitonic_lambda04_n64_b4", "sorting/thesis_t2_1/relaxed_bubble_sort_n5"]
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("make_sorting_experiments",
+                                                  ROOT / "scripts" / "make_sorting_experiments.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def svhn_root(tmp_path_factory):
+    """Tiny SVHN files in the official format (random pixels, labels = house numbers)."""
+    from diffrank.experiments.data.svhn_sort import SVHN_FILES
+
+    root = tmp_path_factory.mktemp("svhn")
+    (root / "SVHNMultiDigit").mkdir()
+    g = torch.Generator().manual_seed(0)
+    for name, size in zip(SVHN_FILES.values(), (300, 100, 100)):
+        images = torch.randint(0, 256, (size, 3, 64, 64), generator=g, dtype=torch.uint8)
+        torch.save((images, torch.randint(1, 10000, (size,), generator=g)), root / "SVHNMultiDigit" / name)
+    return root
+
+
+def _small(name, svhn_root):
+    return [*SMALL_SVHN, f"paths.data_dir={svhn_root}"] if "/svhn_" in name else SMALL
+
+
+def test_mnist_and_svhn_nets_have_the_papers_sizes():
+    net = MultiDigitCNN((1, 28, 112), (32, 64), 64)
+    assert net.num_features == 12544 and net(torch.zeros(3, 1, 28, 112)).shape == (3,)
+    svhn = MultiDigitCNN((3, 54, 54), (32, 64, 128, 256), 64)
+    assert svhn.num_features == 2304 and svhn(torch.zeros(2, 3, 54, 54)).shape == (2,)
+    assert MultiDigitCNN((1, 8, 32)).num_features == 64 * 2 * 8
+    with pytest.raises(ValueError, match="too small"):
+        MultiDigitCNN((1, 8, 8), (32, 64, 128, 256))
+
+
+def test_module_scores_each_image_independently():
+    net = MultiDigitCNN((1, 8, 32))
+    m = RankingSupervisionModule(net, loss=lambda s, v: s.sum(), optimizer=torch.optim.Adam)
+    x = torch.rand(2, 4, 1, 8, 32)
+    s = m(x)
+    assert s.shape == (2, 4)
+    assert torch.allclose(m(x.flip(1)), s.flip(1), atol=1e-6)
+    with pytest.raises(ValueError, match="B, n, C, H, W"):
+        m(torch.rand(4, 1, 8, 32))
+
+
+def test_committed_rows_are_the_generators_output():
+    """configs/experiment/sorting/<table>/ holds exactly what scripts/make_sorting_experiments.py writes."""
+    gen = _generator()
+    files = gen.render()
+    committed = {p.relative_to(gen.OUT).as_posix(): p.read_text(encoding="utf-8")
+                 for table in gen.TABLES for p in (gen.OUT / table).glob("*.yaml")}
+    assert sorted(committed) == sorted(files), "run python scripts/make_sorting_experiments.py"
+    for rel, text in files.items():
+        assert committed[rel] == text, f"{rel} differs from the generator's output"
+    assert sorted(f"sorting/{rel[:-5]}" for rel in files) == ROWS
+
+
+def test_rows_are_short_and_carry_their_paper_keys():
+    assert len(ROWS) == 192 and set(REPRESENTATIVE) <= set(ROWS)
+    lengths = [len((CONFIGS / "experiment" / f"{name}.yaml").read_text().splitlines()) for name in ROWS]
+    assert statistics.median(lengths) <= 15
+    for name in ROWS:
+        cfg = OmegaConf.load(CONFIGS / "experiment" / f"{name}.yaml")
+        rows = reference.match(OmegaConf.to_container(cfg.paper, resolve=True))
+        metrics = [r["metric"] for r in rows]
+        assert rows and len(metrics) == len(set(metrics)), name  # one reference row per metric
+        assert cfg.data.n == int(cfg.paper.n), name
+        assert {"override /operator": cfg.paper_operator} in OmegaConf.to_container(cfg.defaults), name
+
+
+@pytest.mark.parametrize("names", [
+    pytest.param(REPRESENTATIVE, id="representative"),
+    pytest.param(ROWS, id="all", marks=pytest.mark.slow)])
+def test_rows_compose(compose_train, names):
+    for name in names:
+        cfg = compose_train([f"experiment={name}"], fast=False)
+        assert cfg.optimized_metric == "val/em5" and cfg.trainer.max_steps >= 1e4
+        assert cfg.hydra.runtime.choices.operator == cfg.paper_operator and cfg.task_name == name
+
+
+@pytest.mark.parametrize("operator", FULL_P)
+def test_protocol_runs_with_every_full_p_operator(compose_train, operator):
+    """experiment=sorting/mnist is the protocol without operator parameters: any full-P operator runs in it."""
+    metrics, objects = train(compose_train(["experiment=sorting/mnist", f"operator={operator}", "data.n=4", *SMALL]))
+    assert {"test/em", "test/ew", "test/em5", "val/em5"} <= set(metrics)
+    rec = objects["results"]
+    assert rec["paper"] is None and rec["variant_of"] is None and rec["choices"]["operator"] == operator
+    assert "pk" not in rec["choices"] and rec["config"]["pk"] is None  # a sorting run reads no P_K
+
+
+def test_protocol_with_soft_rank_loss(compose_train):
+    metrics, objects = train(compose_train(["experiment=sorting/mnist", "operator=fast_soft_sort",
+                                            "loss=sort_rank_mse", *SMALL]))
+    assert {"test/em", "test/em5"} <= set(metrics)
+    assert type(objects["loss"]).__name__ == "SoftRankMSELoss" and objects["operator"] is objects["loss"].operator
+
+
+def test_protocol_without_permutation_names_the_loss(compose_train):
+    with pytest.raises(ValueError, match="provides 'permutation'"):
+        train(compose_train(["experiment=sorting/mnist", "operator=fast_soft_sort", *SMALL]))
+
+
+@pytest.mark.parametrize("name", REPRESENTATIVE)
+def test_fast_dev_run_representative(compose_train, svhn_root, name):
+    metrics, objects = train(compose_train([f"experiment={name}", *_small(name, svhn_root)]))
+    assert {"test/em", "test/ew", "test/em5"} <= set(metrics)
+    assert all(0 <= metrics[k] <= 1 for k in ("test/em", "test/ew", "test/em5"))
+    rec = objects["results"]
+    assert rec["paper"]["n"] == objects["datamodule"].n and rec["variant_of"] is None
+    assert rec["task_name"] == name and "pk" not in rec["choices"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [e for e in ROWS if e not in REPRESENTATIVE])
+def test_fast_dev_run_all(compose_train, svhn_root, name):
+    metrics, _ = train(compose_train([f"experiment={name}", *_small(name, svhn_root)]))
+    assert {"test/em", "test/ew", "test/em5"} <= set(metrics)
+
+
+def test_row_with_another_operator_is_a_variant(compose_train):
+    """Swapping the operator of a row: the row's β / sigmoid stay with the row, the run keeps no paper key."""
+    row = "sorting/thesis_t3_7/odd_even_cauchy_n5"
+    _, own = train(compose_train([f"experiment={row}", *SMALL]))
+    assert own["operator"].beta == pytest.approx(51 * torch.pi) and own["results"]["paper"]["method"] == "Cauchy CDF"
+    metrics, objects = train(compose_train([f"experiment={row}", "operator=neuralsort", *SMALL]))
+    assert {"test/em", "test/em5"} <= set(metrics)
+    rec = objects["results"]
+    assert rec["paper"] is None and rec["config"]["paper"] is None
+    assert rec["variant_of"]["paper"]["method"] == "Cauchy CDF" and rec["variant_of"]["operator"] == "neuralsort"
+    assert type(objects["operator"]).__name__ == "NeuralSort" and objects["operator"].beta == 0.5  # its own β
+    assert rec["config"]["operator"] == OmegaConf.to_container(OmegaConf.load(CONFIGS / "operator" / "neuralsort.yaml"))
+    assert rec["config"]["trainer"]["max_steps"] == 200000  # the rest of the row (its table's protocol) stays
+    # the command line still sets the swapped operator's parameters
+    _, objects = train(compose_train([f"experiment={row}", "operator=lapsum", "operator.beta=2", *SMALL]))
+    assert type(objects["operator"]).__name__ == "LapSum" and objects["operator"].beta == 2.0
+    assert objects["results"]["paper"] is None
+
+
+def test_table_3_5_row_with_another_operator_drops_the_interpolated_key(compose_train):
+    _, objects = train(compose_train(["experiment=sorting/thesis_t3_5/bitonic_lambda04_n32_b4",
+                                      "operator=diffsort_odd_even", *SMALL]))
+    rec = objects["results"]
+    assert rec["paper"] is None and "beta=30;" in rec["variant_of"]["paper"]["setting"]
+    assert objects["operator"].beta == 10.0  # diffsort_odd_even's own default, not the row's 30
+
+
+def test_short_training_learns_to_rank_digits(compose_train):
+    """A few hundred steps on real digits beat chance (EW of random order is 1/n) by far."""
+    cfg = compose_train(["experiment=sorting/thesis_t3_7/odd_even_cauchy_n5", "data=digits_sort", "data.n=3",
+                         "data.batch_size=16", "data.val_sets=50", "data.test_sets=100", "trainer.max_steps=80",
+                         "trainer.val_check_interval=40", "model.optimizer.lr=0.002", "callbacks=none",
+                         "operator.beta=45.6"], fast=False)
+    cfg.trainer.enable_progress_bar = False
+    cfg.trainer.enable_model_summary = False
+    metrics, _ = train(cfg)
+    assert metrics["test/ew"] > 0.6 and metrics["test/em"] > 0.3
+
+
+def test_table_3_5_beta_sweep_matches_each_cell(compose_train):
+    """The paper key interpolates β, so every job of the β sweep matches its own published cell."""
+    from omegaconf import OmegaConf
+
+    for beta, value in (("30", "75.88"), ("32.5", "75.59"), ("40", "74.67")):
+        cfg = compose_train(["experiment=sorting/thesis_t3_5/bitonic_lambda04_n64_b4", f"operator.beta={beta}"],
+                            fast=False)
+        rows = reference.match(OmegaConf.to_container(cfg.paper, resolve=True))
+        assert [(r["metric"], r["value"]) for r in rows] == [("EM5", value)]
+    rows = reference.match({"table": "3.5", "n": 1024, "setting": "lambda=0.4;batch=4;beta=30;steps=1e4;half=both"})
+    assert len(rows) == 1  # the column printed twice is reported once
+
+
+def test_em5_from_the_5_chunks_of_large_sets():
+    net = MultiDigitCNN((1, 8, 32))
+    m = RankingSupervisionModule(net, loss=lambda s, v: s.sum(), optimizer=torch.optim.Adam)
+    values = torch.arange(12).view(1, 12)  # chunks [0..4], [5..9]; items 10, 11 unused
+    scores = values.float().clone()
+    scores[0, 7] = -1.0  # breaks the second chunk only
+    m.forward = lambda images: scores
+    m.log = lambda *a, **k: None
+    m._eval_step("val", (torch.zeros(1, 12, 1, 8, 32), values))
+    assert m.metrics["val_em5"].compute().item() == 0.5 and m.metrics["val_em"].compute().item() == 0.0

@@ -1,0 +1,160 @@
+"""Warcraft shortest paths end to end: the network, the module, every experiment config (fast_dev_run on a
+tiny generated set in the official format), the rows' paper keys, the final-epoch protocol and the report's
+Warcraft section from results.json records."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from conftest import CONFIGS, options
+from diffrank import reference
+from diffrank.experiments import report as compare
+from diffrank.experiments.algorithms.bellman_ford import RelaxedBellmanFord
+from diffrank.experiments.models.shortest_path import CombResNet18, ShortestPathModule
+from diffrank.experiments.train import train
+from experiments.data.warcraft_files import write_warcraft
+
+CONFIGS_WARCRAFT = [e for e in options("experiment") if e.startswith("warcraft/")]
+PROTOCOLS = ["warcraft/shortest_path"]
+ROWS = [e for e in CONFIGS_WARCRAFT if e not in PROTOCOLS]
+SAMPLE = ["warcraft/thesis_t7_4/while_l2sq"]
+ALGORITHM_OF_METHOD = {"Black-Box Loss": "blackbox", "Perturbed Opt.": "perturbed",
+                       "AlgoVision": "relaxed_bellman_ford"}
+
+
+@pytest.fixture(scope="module")
+def warcraft_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("warcraft")
+    write_warcraft(root, grid=12, sizes=(8, 4, 4), seed=0)
+    return root
+
+
+def _small(root) -> list[str]:
+    return [f"paths.data_dir={root}", "data.root_name=warcraft_like_synthetic", "data.batch_size=4",
+            "data.eval_batch_size=4"]
+
+
+def test_rows_carry_their_paper_keys():
+    assert len(ROWS) == 10
+    for name in ROWS:
+        cfg = OmegaConf.load(CONFIGS / "experiment" / f"{name}.yaml")
+        rows = reference.match(OmegaConf.to_container(cfg.paper, resolve=True))
+        assert [r["metric"] for r in rows] == ["EM_path"], name
+        row = rows[0]
+        algorithm = [d for d in cfg.defaults if not isinstance(d, str) and "override /algorithm" in d][0]
+        chosen = algorithm["override /algorithm"]
+        assert cfg.paper_operator == chosen, name
+        if row["table"] == "2.2":
+            assert chosen == ALGORITHM_OF_METHOD[row["method"]], name
+        if row["table"] == "7.4":
+            loop, loss = (s.split("=")[1] for s in row["setting"].split(";"))
+            assert (chosen, cfg.algorithm.loop, cfg.algorithm.loss) == ("relaxed_bellman_ford", loop, loss), name
+        if row["table"] == "7.5":
+            assert row["operator"] == "perturbed_optimizer_fenchel_young" and chosen == "perturbed", name
+            assert f"samples={cfg.algorithm.samples}" == row["setting"], name
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in SAMPLE else pytest.mark.slow)
+                                  for n in CONFIGS_WARCRAFT])
+def test_fast_dev_run(compose_train, warcraft_root, name):
+    metrics, objects = train(compose_train([f"experiment={name}", *_small(warcraft_root)]))
+    for stage in ("val", "test"):
+        assert 0 <= metrics[f"{stage}/em_path"] <= 1
+        assert metrics[f"{stage}/cost_ratio"] >= 1 - 1e-9
+    assert torch.isfinite(torch.tensor(metrics["train/loss"]))
+    rec = objects["results"]
+    assert rec["synthetic_data"] is True
+    assert rec["choices"]["operator"] is None and rec["choices"]["model"] == "shortest_path"
+    assert (rec["paper"] is None) == (name in PROTOCOLS)
+    assert isinstance(objects["model"], ShortestPathModule)
+
+
+def test_row_with_another_algorithm_is_a_variant(compose_train, warcraft_root):
+    """A Table 7.4 row (relaxed Bellman-Ford, loop/loss keys) run with algorithm=blackbox: the blackbox config is
+    rebuilt from its own yaml (no 'loop' key reaches it) and the run carries no paper key."""
+    metrics, objects = train(compose_train(["experiment=warcraft/thesis_t7_4/for_l1", "algorithm=blackbox",
+                                            "algorithm.lam=5", *_small(warcraft_root)]))
+    rec = objects["results"]
+    assert rec["paper"] is None and rec["variant_of"]["paper_operator"] == "relaxed_bellman_ford"
+    assert rec["variant_of"]["operator"] == "blackbox" and rec["variant_of"]["paper"]["table"] == "7.4"
+    assert rec["config"]["algorithm"]["lam"] == 5 and "loop" not in rec["config"]["algorithm"]
+
+
+@pytest.mark.slow
+def test_protocol_tests_the_final_epoch(compose_train, warcraft_root):
+    cfg = compose_train(["experiment=warcraft/thesis_t2_2/blackbox", *_small(warcraft_root),
+                         "trainer.max_epochs=2", "logger=csv"], fast=False)
+    cfg.trainer.enable_progress_bar = False
+    cfg.trainer.num_sanity_val_steps = 0
+    cfg.callbacks = {k: v for k, v in cfg.callbacks.items() if k != "rich_progress_bar"}
+    _, objects = train(cfg)
+    ckpt = objects["results"]["checkpoint"]
+    assert ckpt["selected_by"]["monitor"] == "step" and ckpt["epoch"] == 1
+    assert ckpt["global_step"] == objects["trainer"].global_step
+
+
+def test_network_shapes_and_sign():
+    net = CombResNet18(grid=12)
+    with torch.no_grad():
+        costs = net(torch.randn(2, 3, 96, 96))
+    assert costs.shape == (2, 12, 12) and float(costs.min()) >= 0
+    assert CombResNet18(grid=4, in_channels=1)(torch.randn(1, 1, 32, 32)).shape == (1, 4, 4)
+    with pytest.raises(ValueError, match="B, C, H, W"):
+        net(torch.randn(3, 96, 96))
+    with pytest.raises(ValueError, match=">= 1"):
+        CombResNet18(grid=0)
+
+
+def test_module_checks_its_algorithm():
+    with pytest.raises(ValueError, match="loss\\(costs, true_paths\\)"):
+        ShortestPathModule(CombResNet18(), torch.nn.MSELoss(), torch.optim.Adam)
+    module = ShortestPathModule(CombResNet18(grid=4), RelaxedBellmanFord(sweeps=6), torch.optim.Adam)
+    with pytest.raises(ValueError, match="maps, true_costs, paths"):
+        module.training_step((torch.zeros(1, 3, 32, 32),), 0)
+
+
+def test_report_has_a_warcraft_section_cell_by_cell(tmp_path):
+    records = {
+        "bb0": ({"paper": "petersen_thesis_2022", "table": "2.2", "dataset": "warcraft12",
+                 "method": "Black-Box Loss"}, 0.85),
+        "bb1": ({"paper": "petersen_thesis_2022", "table": "2.2", "dataset": "warcraft12",
+                 "method": "Black-Box Loss"}, 0.87),
+        "fy3": ({"paper": "petersen_thesis_2022", "table": "7.5", "dataset": "warcraft12", "method": "Regular",
+                 "operator": "perturbed_optimizer_fenchel_young", "setting": "samples=3"}, 0.8),
+    }
+    for name, (paper, em) in records.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps({
+            "status": "done", "paper": paper, "synthetic_data": True, "global_step": 7150, "global_batch": 70,
+            "metrics": {"test/em_path": em, "test/cost_ratio": 1.01, "val/em_path": em}}))
+    result = compare.collect([tmp_path])
+    assert result["runs"] == 3 and not result["unmatched"]
+    t22 = result["tables"][("petersen_thesis_2022", "2.2")]
+    assert len(t22) == 1
+    header, cells = compare.table_rows(t22)
+    row = dict(zip(header, cells[0]))
+    assert row["method"] == "Black-Box Loss" and row["metric"] == "EM_path" and row["paper"] == "86.6"
+    assert row["data"] == "synthetic"  # generated maps are labelled on every row of the report
+    assert row["ours"] == "86.00 ± 1.41" and row["Δ"] == "-0.60" and row["runs"] == "2"
+    assert row["steps×batch"] == "7150×70"
+    header, cells = compare.table_rows(result["tables"][("petersen_thesis_2022", "7.5")])
+    row = dict(zip(header, cells[0]))
+    assert (row["paper"], row["ours"], row["Δ"], row["runs"]) == ("80.64", "80.00", "-0.64", "1")
+    md = compare.markdown(result)
+    assert "## petersen_thesis_2022, Table 2.2" in md and "## petersen_thesis_2022, Table 7.5" in md
+    assert "| synthetic | EM_path | 86.6 | 86.00 ± 1.41 | -0.60 | 2 |" in md
+
+
+def test_report_never_pools_synthetic_with_real_runs(tmp_path):
+    paper = {"paper": "petersen_thesis_2022", "table": "2.2", "dataset": "warcraft12", "method": "Black-Box Loss"}
+    for name, em, synthetic in (("gen", 0.5, True), ("real", 0.9, False)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps({
+            "status": "done", "paper": paper, "synthetic_data": synthetic, "metrics": {"test/em_path": em}}))
+    header, cells = compare.table_rows(compare.collect([tmp_path])["tables"][("petersen_thesis_2022", "2.2")])
+    rows = sorted((r[header.index("data")], r[header.index("ours")], r[header.index("runs")]) for r in cells)
+    assert rows == [("real", "90.00", "1"), ("synthetic", "50.00", "1")]

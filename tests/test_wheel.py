@@ -1,0 +1,98 @@
+"""The wheel works outside the checkout: configs ship inside it, the library layer needs none of the experiment
+stack, and the experiment configs compose from the installed copy."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import zipfile
+
+import pytest
+from conftest import ROOT
+
+HEAVY = ("lightning", "pytorch_lightning", "hydra", "omegaconf", "torchmetrics", "wandb", "timm", "datasets",
+         "sklearn", "matplotlib")
+
+LIBRARY = textwrap.dedent("""
+    import sys, torch
+    import diffrank, diffrank.functional as F, diffrank.losses.topk_cross_entropy, diffrank.losses.sorting
+    import diffrank.losses.knn, diffrank.losses.smooth_topk, diffrank.losses.pk, diffrank.reference
+    from diffrank.operators import LapSum, available, load
+    from diffrank.registry import config_dir, list_options
+    assert diffrank.__file__.startswith(sys.argv[1]), diffrank.__file__
+    assert str(config_dir()).startswith(sys.argv[1]), config_dir()
+    names = available()
+    assert len(names) >= 11 and "sinkhorn" in names, names
+    for name in names:
+        op = load(name)
+        x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+        caps = op.capabilities
+        outs = []
+        if "soft_sort" in caps:
+            outs.append(F.soft_sort(x, method=op, dim=1))
+        if "soft_rank" in caps:
+            outs.append(F.soft_rank(x.T, method=op, dim=0, descending=True))
+        if "topk_membership" in caps:
+            outs.append(F.topk_membership(x, 2, method=op))
+        if "permutation" in caps:
+            outs.append(F.permutation_matrix(x, method=op, k=3))
+        assert outs, name
+        sum(o.sum() * (i + 1) for i, o in enumerate(outs)).backward()
+        assert x.grad is not None and torch.isfinite(x.grad).all(), name
+    assert isinstance(load("lapsum", beta=2.0), LapSum)
+    assert "sorting/mnist" in list_options("experiment") and (config_dir() / "train.yaml").is_file()
+    heavy = sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[2].split(",")))
+    assert not heavy, heavy
+    print("library ok", len(names))
+""")
+
+EXPERIMENTS = textwrap.dedent("""
+    import sys
+    from hydra import compose, initialize_config_dir
+    from diffrank.registry import config_dir
+    from diffrank.experiments.train import main  # the diffrank-train entry point imports
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["experiment=sorting/thesis_t3_5/bitonic_lambda04_n32_b4"])
+    assert cfg.data.n == 32 and cfg.operator._target_.endswith("ComparatorNetwork"), cfg.operator
+    print("experiments ok")
+""")
+
+
+@pytest.fixture(scope="module")
+def wheel_site(tmp_path_factory):
+    """The wheel built from the checkout (``pip wheel --no-deps --no-build-isolation``), unpacked."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp / "dist"), str(ROOT)], check=True, capture_output=True, text=True, timeout=600)
+    (wheel,) = (tmp / "dist").glob("diffrank-*.whl")
+    site = tmp / "site"
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(site)
+    return site
+
+
+def _run(site, code: str, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DIFFRANK_CONFIG_DIR")}
+    env["PYTHONPATH"] = str(site)  # before site-packages, so the editable checkout is not what imports
+    out = subprocess.run([sys.executable, "-c", code, str(site), *args], cwd=site.parent, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_wheel_carries_configs_and_kernels(wheel_site):
+    assert (wheel_site / "diffrank" / "configs" / "train.yaml").is_file()
+    assert (wheel_site / "diffrank" / "configs" / "operator" / "lapsum.yaml").is_file()
+    assert list((wheel_site / "diffrank" / "configs" / "experiment" / "sorting" / "thesis_t3_5").glob("*.yaml"))
+    assert (wheel_site / "diffrank" / "kernels" / "lapsum.py").is_file()
+    assert (wheel_site / "diffrank" / "reference" / "sorting_thesis_table3_5.csv").is_file()
+
+
+def test_library_from_the_wheel_without_the_experiment_stack(wheel_site):
+    assert "library ok" in _run(wheel_site, LIBRARY, ",".join(HEAVY))
+
+
+def test_experiment_configs_from_the_wheel(wheel_site):
+    assert "experiments ok" in _run(wheel_site, EXPERIMENTS)
