@@ -42,10 +42,10 @@ test-all: $(STAMP)  ## every test that runs on this machine
 	$(BIN)/python -m pytest -m "not gpu" $(ARGS)
 
 bench: $(STAMP)  ## benchmark tables: ours vs the peer libraries (time, peak memory)
-	$(BIN)/python scripts/benchmark_operators.py $(ARGS)
+	$(BIN)/python -m diffrank.experiments.benchmark $(ARGS)
 
 report: $(STAMP)  ## compare every results.json under outputs/ with the papers' tables
-	$(BIN)/python scripts/compare_to_paper.py outputs $(ARGS)
+	$(BIN)/python -m diffrank.experiments.report outputs $(ARGS)
 
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check .

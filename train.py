@@ -2,7 +2,10 @@
 
 import hydra
 
+from diffrank.experiments.sweeps import register_resolvers
 from diffrank.experiments.train import run
+
+register_resolvers()  # ${beta_grid:…} and ${short_hash:…} must exist before Hydra resolves a sweep
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")

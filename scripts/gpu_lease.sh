@@ -10,7 +10,10 @@
 #   bash scripts/gpu_lease.sh poll     # copy logs, metrics, the latest checkpoint and results to $OUT
 #   bash scripts/gpu_lease.sh stop     # end the background jobs this script started (by their recorded pid)
 #
-# Needs .whl/ carried (bash ../shared/gpu/wheels.sh on the development machine); a checkpoint from an earlier
+# Needs what the device image lacks (hydra-core, omegaconf, difftopk, diffsort; diffrank installed): either
+# present already, or a carried .whl/ whose setup.sh installs its wheels offline and exports DIFFRANK_DATA
+# (docs/gpu.md, "The commands"). Stage 3 trains on MNIST: the folder holding MNIST/raw is $DIFFRANK_DATA (or
+# $DATA); there is no default, the stage stops with a message when neither is set. A checkpoint from an earlier
 # session is picked up from gpu_state/last.ckpt (carry it: *.ckpt is git-ignored). Long jobs run under
 # setsid nohup with their state in $STATE (default /tmp/diffrank_gpu), which survives between commands while
 # the machine stays warm; $OUT is emptied before every command, so poll copies what matters into it.
@@ -26,7 +29,7 @@ mkdir -p "$OUT" "$STATE"
 
 setup() {
   if ! python3 -c "import hydra, diffrank" 2>/dev/null; then
-    [ -f .whl/setup.sh ] || { echo "no .whl/setup.sh: run 'bash ../shared/gpu/wheels.sh' here and carry .whl"; exit 2; }
+    [ -f .whl/setup.sh ] || { echo "hydra or diffrank missing and no .whl/setup.sh: build .whl (docs/gpu.md) and carry it"; exit 2; }
     # shellcheck disable=SC1091
     source .whl/setup.sh || { echo "setup.sh failed"; exit 2; }
   fi
@@ -47,13 +50,13 @@ stage_tests() {
 stage_bench() {
   echo "== stage 2a: headline cell n = 1000, k = 5, B = 1024 (every operator x backend and its peer)"
   # rows are appended to the CSV as they are measured: a timeout keeps what was done
-  timeout "${HEADLINE_SECONDS:-240}" python3 scripts/benchmark_operators.py --suite grid --device cuda --n 1000 \
+  timeout "${HEADLINE_SECONDS:-240}" python3 -m diffrank.experiments.benchmark --suite grid --device cuda --n 1000 \
     --ks 5 --batches 1024 --max-seconds "$BENCH_SECONDS" --csv "$STATE/bench_headline.csv" 2>&1 \
     | tee "$STATE/bench_headline.log" | tail -n 60
   cp "$STATE/bench_headline.csv" "$OUT/bench_headline.csv" 2>/dev/null
   echo "== stage 2b: full grid + Table 3.9 in the background -> $STATE/bench_grid.{csv,png,log}"
   if alive "$STATE/bench.pid"; then echo "grid already running (pid $(cat "$STATE/bench.pid"))"; return; fi
-  setsid nohup python3 scripts/benchmark_operators.py --suite grid --device cuda --table39 \
+  setsid nohup python3 -m diffrank.experiments.benchmark --suite grid --device cuda --table39 \
     --max-seconds "$BENCH_SECONDS" --csv "$STATE/bench_grid.csv" --png "$STATE/bench_grid.png" \
     > "$STATE/bench_grid.log" 2>&1 < /dev/null &
   echo $! > "$STATE/bench.pid"
@@ -63,6 +66,11 @@ stage_bench() {
 stage_train() {
   echo "== stage 3: $EXPERIMENT trainer=gpu (background, checkpoints in $STATE/train/checkpoints)"
   if alive "$STATE/train.pid"; then echo "training already running (pid $(cat "$STATE/train.pid"))"; return; fi
+  local data="${DIFFRANK_DATA:-${DATA:-}}"
+  if [ -z "$data" ]; then
+    echo "stage 3 needs the data folder (holding MNIST/raw): set DIFFRANK_DATA or DATA (.whl/setup.sh sets it)"
+    return 2
+  fi
   local run="$STATE/train" resume=()
   mkdir -p "$run/checkpoints"
   if [ ! -f "$run/checkpoints/last.ckpt" ] && [ -f gpu_state/last.ckpt ]; then
@@ -77,7 +85,7 @@ stage_train() {
   # metrics.csv under the run folder
   local extra=("~callbacks.rich_progress_bar")
   [ "${THROUGHPUT:-0}" = 1 ] || extra+=("~callbacks.throughput")
-  setsid nohup python3 train.py "experiment=$EXPERIMENT" trainer=gpu "hydra.run.dir=$run" \
+  setsid nohup python3 train.py "experiment=$EXPERIMENT" trainer=gpu "hydra.run.dir=$run" "paths.data_dir=$data" \
     trainer.enable_progress_bar=false "${extra[@]}" extras.print_config=false "${resume[@]}" \
     >> "$STATE/train.log" 2>&1 < /dev/null &
   echo $! > "$STATE/train.pid"

@@ -8,12 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from diffrank.experiments.sweeps import register_resolvers
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 if not torch.cuda.is_available():  # Triton kernels run on CPU tensors through the interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+register_resolvers()  # the configs' ${beta_grid:…} / ${short_hash:…}, as train.py registers them
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 SHARED_DATA = ROOT.parent / "shared" / "data"  # real MNIST on the development machine, if present

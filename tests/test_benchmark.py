@@ -1,4 +1,4 @@
-"""The benchmark's grid suite (scripts/benchmarks/grid.py): CSV, PNG, roofline arithmetic, Table 3.9, bandwidth.
+"""The benchmark's grid suite (diffrank.experiments.benchmark.grid): CSV, PNG, roofline, Table 3.9, bandwidth.
 
 A CPU smoke run on tiny sizes; nothing here asserts a time.
 """
@@ -7,16 +7,11 @@ from __future__ import annotations
 
 import csv
 import math
-import sys
 
 import pytest
 
-from conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import benchmark_operators  # noqa: E402
-from benchmarks import grid  # noqa: E402
+from diffrank.experiments import benchmark
+from diffrank.experiments.benchmark import grid
 
 
 def _rows(path):
@@ -26,9 +21,9 @@ def _rows(path):
 
 def test_grid_smoke_run_writes_csv_and_png(tmp_path):
     out_csv, out_png = tmp_path / "g.csv", tmp_path / "g.png"
-    benchmark_operators.main(["--suite", "grid", "--quick", "--operators", "softsort", "fast_soft_sort",
-                              "--n", "8", "16", "--ks", "2", "--batches", "3", "--csv", str(out_csv),
-                              "--png", str(out_png), "--max-seconds", "5", "--table39", "--backends", "torch"])
+    benchmark.main(["--suite", "grid", "--quick", "--operators", "softsort", "fast_soft_sort",
+                    "--n", "8", "16", "--ks", "2", "--batches", "3", "--csv", str(out_csv),
+                    "--png", str(out_png), "--max-seconds", "5", "--table39", "--backends", "torch"])
     rows = _rows(out_csv)
     assert rows and list(rows[0]) == grid.CSV_FIELDS
     ours = [r for r in rows if r["table"] == "grid" and r["impl"] in ("torch", "default", "auto")]

@@ -10,6 +10,7 @@ import textwrap
 import zipfile
 
 import pytest
+
 from conftest import ROOT
 
 HEAVY = ("lightning", "pytorch_lightning", "hydra", "omegaconf", "torchmetrics", "wandb", "timm", "datasets",

@@ -61,7 +61,7 @@ def load_yaml(group: str, name: str) -> dict[str, Any]:
 
     path = config_dir() / group / f"{name}.yaml"
     if not path.is_file():
-        raise ValueError(f"unknown {group} '{name}'; known: {', '.join(list_options(group))}")
+        raise ValueError(f"unknown {group} '{name}'; known {group}s: {', '.join(list_options(group))}")
     return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
 
 

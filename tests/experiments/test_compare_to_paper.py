@@ -1,19 +1,14 @@
-"""scripts/compare_to_paper.py on synthetic results.json files, checked cell by cell."""
+"""The paper report (diffrank.experiments.report) on synthetic results.json files, checked cell by cell."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 
 import pytest
 
-from conftest import ROOT
 from diffrank import reference
-
-spec = importlib.util.spec_from_file_location("compare_to_paper", ROOT / "scripts" / "compare_to_paper.py")
-ctp = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ctp)
+from diffrank.experiments import report
 
 CAUCHY5 = {"paper": "petersen_thesis_2022", "table": "3.7", "dataset": "mnist4", "method": "Cauchy CDF",
            "network": "odd_even", "n": 5}
@@ -33,7 +28,7 @@ def test_runs_of_another_budget_are_not_pooled(tmp_path):
     _write(tmp_path, "full/0", CAUCHY5, {"test/em": 0.80}, steps=200000, batch=100)
     _write(tmp_path, "full/1", CAUCHY5, {"test/em": 0.84}, steps=200000, batch=100)
     _write(tmp_path, "short", CAUCHY5, {"test/em": 0.10}, steps=1000, batch=100)
-    lines = [ln for ln in ctp.collect([tmp_path])["tables"][("petersen_thesis_2022", "3.7")]
+    lines = [ln for ln in report.collect([tmp_path])["tables"][("petersen_thesis_2022", "3.7")]
              if ln["metric"] == "EM" and ln["runs"]]
     assert sorted((ln["budget"], ln["runs"], round(ln["mean"], 6)) for ln in lines) == [
         ("1000×100", 1, 10.0), ("200000×100", 2, 82.0)]
@@ -60,17 +55,17 @@ def test_report_cell_by_cell(tmp_path):
     _write(runs, "c", None, {"test/em": 0.1})  # no paper key: skipped
     _write(runs, "d", {**CAUCHY5, "method": "Cauchy typo"}, {"test/em": 0.1})
     out = tmp_path / "report"
-    result = ctp.main([str(runs), "--out", str(out), "--quiet"])
+    result = report.write_report([runs], out, quiet=True)
     assert result["runs"] == 4 and result["skipped"] == 1 and len(result["unmatched"]) == 1
     md = (out / "report.md").read_text()
     assert (out / "report.png").stat().st_size > 1000
     t37 = result["tables"][("petersen_thesis_2022", "3.7")]
-    header, cells = ctp.table_rows(t37)
+    header, cells = report.table_rows(t37)
     assert header == ["method", "operator", "n", "metric", "paper", "ours", "Δ", "runs", "steps×batch"]
     # EM: mean(80, 84) = 82, sample std = 2.83, Δ = 82 - 84.9 = -2.9
     assert cells[0] == ["Cauchy CDF", "dsn", "5", "EM", "84.9", "82.00 ± 2.83", "-2.90", "2", "1000×20"]
     assert cells[1] == ["Cauchy CDF", "dsn", "5", "EW", "93.2", "91.00 ± 1.41", "-2.20", "2", "1000×20"]
-    t33 = {c[3]: c for c in ctp.table_rows(result["tables"][("petersen_thesis_2022", "3.3")])[1]}
+    t33 = {c[3]: c for c in report.table_rows(result["tables"][("petersen_thesis_2022", "3.3")])[1]}
     assert t33["EM"][4:] == ["95.2", "95.00", "-0.20", "1", "500×100"]
     assert t33["EM5"][4:6] == ["86.1", "86.00"]
     assert "## petersen_thesis_2022, Table 3.7" in md
@@ -81,16 +76,17 @@ def test_report_cell_by_cell(tmp_path):
 def test_missing_metric_and_fraction_tables(tmp_path):
     key = {"paper": "petersen_thesis_2022", "table": "2.1", "method": "Det. NeuralSort", "n": 3}
     _write(tmp_path, "r", key, {"test/em": 0.9})  # no EW logged
-    result = ctp.collect([tmp_path])
+    result = report.collect([tmp_path])
     lines = {ln["metric"]: ln for ln in result["tables"][("petersen_thesis_2022", "2.1")]}
     assert lines["EM"]["mean"] == pytest.approx(90.0)  # table 2.1 is stored x100: ours in %
-    assert lines["EW"]["runs"] == 0 and math.isnan(lines["EW"]["mean"]) and ctp.fmt(lines["EW"]["mean"]) == "—"
-    assert ctp._is_fraction({"note": "fractions"}) and not ctp._is_fraction({"note": "printed as fraction; value x100"})
+    assert lines["EW"]["runs"] == 0 and math.isnan(lines["EW"]["mean"]) and report.fmt(lines["EW"]["mean"]) == "—"
+    assert report.is_fraction({"note": "fractions"})
+    assert not report.is_fraction({"note": "printed as fraction; value x100"})
 
 
 def test_missing_folder_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such"):
-        ctp.collect([tmp_path / "nope"])
+        report.collect([tmp_path / "nope"])
 
 
 def test_budget_is_the_steps_actually_trained(tmp_path):
@@ -98,9 +94,9 @@ def test_budget_is_the_steps_actually_trained(tmp_path):
     runs = tmp_path / "runs"
     _write(runs, "long", CAUCHY5, {"test/em": 0.70, "test/ew": 0.86}, steps=200000, batch=100)
     record = json.loads((runs / "long" / "results.json").read_text())
-    assert ctp._budget(record) == "200000×100"
+    assert report.run_budget(record) == "200000×100"
     record["global_step"] = 3469
-    assert ctp._budget(record) == "3469×100"
+    assert report.run_budget(record) == "3469×100"
 
 
 def test_variant_of_a_row_is_never_labelled_with_its_paper_row(tmp_path):
@@ -111,7 +107,7 @@ def test_variant_of_a_row_is_never_labelled_with_its_paper_row(tmp_path):
     record = json.loads((runs / "sorting/thesis_t3_7/odd_even_cauchy_n5/runs/variant/results.json").read_text())
     record["variant_of"] = {"paper_operator": "diffsort_odd_even", "operator": "neuralsort", "paper": CAUCHY5}
     (runs / "sorting/thesis_t3_7/odd_even_cauchy_n5/runs/variant/results.json").write_text(json.dumps(record))
-    result = ctp.collect([runs])  # found recursively under the experiment folders
+    result = report.collect([runs])  # found recursively under the experiment folders
     assert result["runs"] == 1 and result["skipped"] == 1
     em = next(ln for ln in result["tables"][("petersen_thesis_2022", "3.7")] if ln["metric"] == "EM")
     assert em["ours"] == [pytest.approx(80.0)]
@@ -123,7 +119,7 @@ def test_budget_uses_the_global_batch_and_optimizer_steps_of_ddp_runs(tmp_path):
     record = {"paper": CAUCHY5, "metrics": {"test/em": 0.7}, "overrides": ["data.batch_size=64"],
               "config": {"trainer": {"max_steps": 99}, "data": {"batch_size": 64}}, "global_step": 0,
               "optimizer_steps": 57, "world_size": 2, "per_device_batch": 32, "global_batch": 64}
-    assert ctp._budget(record) == "57×64"
-    result = ctp.collect_runs([(tmp_path / "r" / "results.json", record)])
+    assert report.run_budget(record) == "57×64"
+    result = report.collect_runs([(tmp_path / "r" / "results.json", record)])
     em = next(ln for ln in result["tables"][("petersen_thesis_2022", "3.7")] if ln["metric"] == "EM")
     assert em["budget"] == "57×64" and em["mean"] == pytest.approx(70.0)

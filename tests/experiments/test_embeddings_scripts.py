@@ -1,4 +1,4 @@
-"""scripts/convert_embeddings.py, scripts/extract_embeddings.py and the ImageNet head protocols on tiny caches.
+"""diffrank.experiments.convert_embeddings, .extract_embeddings and the ImageNet head protocols on tiny caches.
 
 Conversion: each released key scheme (a dict written with torch.save, zip and legacy formats) and our own
 format round-trip. Extraction: a tiny ImageFolder of 32x32 PNGs through a random-weight timm ``resnet10t``,
@@ -9,28 +9,16 @@ with the real widths and class counts.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT
+from diffrank.experiments import convert_embeddings, extract_embeddings
 from diffrank.experiments.data.embeddings import open_split
 from diffrank.experiments.train import train
 from experiments.data.embedding_files import FOLDERS, PAPER_KEYS, write_embedding_cache, write_paper_pickle
-
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-convert_embeddings = _script("convert_embeddings")
-extract_embeddings = _script("extract_embeddings")
 
 
 def _read(root) -> dict[str, tuple[np.ndarray, np.ndarray]]:

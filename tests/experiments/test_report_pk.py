@@ -1,14 +1,12 @@
-"""The P_K × method report (diffrank.experiments.report_pk, scripts/pk_report.py) on synthetic results.json files."""
+"""The P_K × method report (diffrank.experiments.report_pk and its command line) on synthetic results.json files."""
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 
 import pytest
 
-from conftest import ROOT
+from diffrank.experiments import report, report_pk
 from diffrank.experiments.report_pk import (
     CLAIMS,
     canonical_pk,
@@ -134,28 +132,17 @@ def test_format_report_labels_the_paper_a_different_dataset(tmp_path):
     assert "SinkhornSort" not in text  # only the methods we ran
 
 
-
-def _script(name: str):
-    """Import ``scripts/<name>.py`` as a module."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
-
-def test_script_prints_and_writes(tmp_path, capsys):
-    pk_report = _script("pk_report")
+def test_command_line_prints_and_writes(tmp_path, capsys):
     _write(tmp_path / "runs", 0, _record("softsort", "[.2,.2,.2,.2,.2]", 0, 66.0, 93.0))
-    texts = pk_report.main([str(tmp_path / "runs"), "--out", str(tmp_path / "report")])
+    texts = report_pk.main([str(tmp_path / "runs"), "--out", str(tmp_path / "report")])
     assert list(texts) == ["fashion_pairs"] and "66.00 / 93.00" in capsys.readouterr().out
     assert "66.00 / 93.00" in (tmp_path / "report" / "pk_fashion_pairs.md").read_text()
     with pytest.raises(SystemExit, match="no finished benchmark run"):
-        pk_report.main([str(tmp_path / "report")])
+        report_pk.main([str(tmp_path / "report")])
 
 
-def test_compare_to_paper_includes_the_grid(tmp_path, capsys):
-    compare_to_paper = _script("compare_to_paper")
+def test_paper_report_includes_the_grid(tmp_path, capsys):
     _write(tmp_path / "runs", 0, _record("softsort", "[.2,.2,.2,.2,.2]", 0, 66.0, 93.0))
-    compare_to_paper.main([str(tmp_path / "runs"), "--out", str(tmp_path / "report")])
+    report.main([str(tmp_path / "runs"), "--out", str(tmp_path / "report")])
     assert "66.00 / 93.00" in capsys.readouterr().out
     assert "DIFFERENT DATASET" in (tmp_path / "report" / "pk_fashion_pairs.md").read_text()

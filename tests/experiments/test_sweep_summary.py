@@ -109,22 +109,15 @@ def test_min_mode_metric_override_and_partial_sweep(tmp_path):
     assert sweeps.summarize(empty)["best"] is None and sweeps.plot_png([], [], "val/em5") is None
 
 
-def test_sweep_report_script(tmp_path, capsys):
-    import importlib.util
-
-    from conftest import ROOT
-
-    spec = importlib.util.spec_from_file_location("sweep_report", ROOT / "scripts" / "sweep_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+def test_sweep_report_command_line(tmp_path, capsys):
     _synthetic_sweep(tmp_path)
-    (res,) = mod.main([str(tmp_path)])
+    (res,) = sweeps.main([str(tmp_path)])
     assert (tmp_path / sweeps.SUMMARY_CSV).exists() and res["best"]["best"]["overrides"]["operator"] == "softsort"
     assert "best val/em5 (max)" in capsys.readouterr().out
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(SystemExit):
-        mod.main([str(empty)])
+        sweeps.main([str(empty)])
 
 
 def test_finished_record_needs_same_overrides_done_and_multirun(tmp_path):

@@ -1,21 +1,17 @@
-"""The report of Petersen et al. 2022 Tables 1-6 (scripts/compare_to_paper.py, diffrank.experiments.report) on synthetic
+"""The report of Petersen et al. 2022 Tables 1-6 (diffrank.experiments.report) on synthetic
 results.json files of the generated rows, checked cell by cell: one section per table, the paper's decimals
 (ImageNet-1K top-5: three), the β selection of swept SinkhornSort rows, Table 5's literature rows."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import CONFIGS, ROOT
+from conftest import CONFIGS
 from diffrank.experiments import report as compare
 
-spec = importlib.util.spec_from_file_location("compare_to_paper", ROOT / "scripts" / "compare_to_paper.py")
-ctp = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ctp)
 PAPER = "petersen_difftopk_icml2022"
 
 
@@ -34,7 +30,7 @@ def _write(folder, name, row, metrics, beta=None, val=None):
 
 
 def _cells(result, table):
-    header, cells = ctp.table_rows(result["tables"][(PAPER, str(table))])
+    header, cells = compare.table_rows(result["tables"][(PAPER, str(table))])
     return header, cells
 
 
@@ -57,7 +53,7 @@ def report(tmp_path):
     _write(runs, "t6", "icml2022_t6/in21kp_dsn_half_top20",
            {"test/top1": 0.3954, "test/top5": 0.6859, "test/top10": 0.7795, "test/top20": 0.8549})
     out = tmp_path / "report"
-    return ctp.main([str(runs), "--out", str(out), "--quiet"]), (out / "report.md").read_text()
+    return compare.write_report([runs], out, quiet=True), (out / "report.md").read_text()
 
 
 def test_one_section_per_table(report):

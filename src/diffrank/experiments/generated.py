@@ -1,4 +1,5 @@
-"""Writing generated row configs (``scripts/make_*_experiments.py``): one rule for files and one for YAML."""
+"""Writing generated row configs (:mod:`diffrank.experiments.generate_sorting`,
+:mod:`diffrank.experiments.generate_topk`): one rule for files and one for YAML."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 
 
 def write_generated(out: Path, tables: Iterable[str], files: dict[str, str]) -> dict[str, str]:
-    """Write generated row configs (``scripts/make_*_experiments.py``) and delete stale ones.
+    """Write generated row configs (``python -m diffrank.experiments.generate_sorting`` / ``generate_topk``) and
+    delete stale ones.
 
     Args:
         out: the benchmark's experiment folder (``configs/experiment/sorting``).

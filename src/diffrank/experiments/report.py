@@ -1,8 +1,16 @@
 """Our runs against the papers' tables: match ``results.json`` records to the bundled reference rows
 (:mod:`diffrank.reference`), tabulate paper / ours / Δ, and render them as Markdown, a PNG or a console table.
 
-Used by ``scripts/compare_to_paper.py`` (the report over run folders) and by training runs with a W&B logger,
-which log their own row of the comparison (:func:`collect_runs` on the run's record).
+The report over run folders is this module's command line (:func:`main`; :func:`write_report` in Python)::
+
+    python -m diffrank.experiments.report RUN_DIR... [--out outputs/report] [--metric-prefix test/] [--quiet]
+
+(also ``diffrank-report`` and ``scripts/compare_to_paper.py``): ``report.md`` and ``report.png`` in ``--out``,
+the tables on the console, and, for runs of the offline P_K benchmark (``benchmark:`` key instead of ``paper:``,
+:mod:`diffrank.experiments.report_pk`), their P_K x method grid beside the paper's CIFAR-100 one in
+``pk_<dataset>.md``. Training runs with a W&B logger log their own row of the comparison (:func:`collect_runs` on
+the run's record). Later experiments add their tables by giving their configs a ``paper:`` key over the
+reference columns and shipping the reference CSV in ``src/diffrank/reference/``; nothing here needs to change.
 
 Every record whose ``paper`` field is a dict is matched to the reference rows whose columns equal every field
 of that dict. Each matched row (one per metric) becomes a line: the published value, our mean ± sample std
@@ -24,6 +32,7 @@ published numbers of other models, ``method`` ``literature``) are shown with the
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
@@ -61,12 +70,14 @@ def _key(paper: dict[str, Any]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((str(k), reference._norm(v)) for k, v in paper.items()))
 
 
-def _is_fraction(row: dict[str, str]) -> bool:
+def is_fraction(row: dict[str, str]) -> bool:
+    """Whether a reference row is printed as a fraction (its ``note`` says ``fraction`` and not ``x100``): our
+    value is then shown as a fraction too, else in %."""
     note = row.get("note", "").lower()
     return "fraction" in note and "x100" not in note and "×100" not in note
 
 
-def _budget(run: dict[str, Any]) -> str:
+def run_budget(run: dict[str, Any]) -> str:
     """``steps×batch`` of a run: optimizer steps actually taken and the global batch (summed over DDP ranks);
     the fallbacks of older records are :meth:`RunRecord.from_dict`'s."""
     rec = RunRecord.from_dict(run)
@@ -117,7 +128,7 @@ def collect_runs(records: Iterable[tuple[str | Path, dict[str, Any]]], metric_pr
         runs += 1
         # runs on generated stand-in data (results.json synthetic_data) never pool with runs on the real data,
         # nor runs of another budget (a short check of a row is not one of its seeds)
-        groups[(_key(paper), bool(run.get("synthetic_data")), _budget(run))].append((path, run))
+        groups[(_key(paper), bool(run.get("synthetic_data")), run_budget(run))].append((path, run))
     tables: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for (key, synthetic, budget), members in groups.items():
         try:
@@ -130,7 +141,7 @@ def collect_runs(records: Iterable[tuple[str | Path, dict[str, Any]]], metric_pr
         members, selected = select_beta(members)
         for row in rows:
             name = metric_prefix + row["metric"].lower()
-            scale = 1.0 if _is_fraction(row) else 100.0
+            scale = 1.0 if is_fraction(row) else 100.0
             ours = [scale * float(r["metrics"][name]) for _, r in members
                     if isinstance(r.get("metrics"), dict) and name in r["metrics"]]
             try:
@@ -326,3 +337,56 @@ def print_console(result: dict[str, Any]) -> None:
         console.print(t)
     for path, key in result["unmatched"]:
         console.print(f"[yellow]no reference row for[/yellow] {path}: {key}")
+
+
+def write_report(paths: Iterable[str | Path], out: str | Path = "outputs/report", metric_prefix: str = "test/",
+                 quiet: bool = False) -> dict[str, Any]:
+    """The report over run folders: ``report.md`` and ``report.png`` (when there is something to plot) in ``out``,
+    the tables on the console (unless ``quiet``), and ``pk_<dataset>.md`` per offline P_K benchmark dataset
+    (:func:`diffrank.experiments.report_pk.reports`); the last line printed names the files.
+
+    Args:
+        paths: run folders, searched recursively for ``results.json``.
+        out: the folder written (created).
+        metric_prefix: our metrics are ``<prefix><metric>``.
+        quiet: print only the line naming the files.
+
+    Returns:
+        The collected result (:func:`collect`).
+
+    Raises:
+        FileNotFoundError / ValueError: see :func:`collect`.
+    """
+    from diffrank.experiments.report_pk import reports
+
+    paths = list(paths)
+    result = collect(paths, metric_prefix)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(markdown(result))
+    png = plot(result, out / "report.png")
+    if not quiet:
+        print_console(result)
+    # benchmarks on other datasets than the paper's (no paper key): our P_K x method grid beside the paper's
+    for dataset, text in reports(paths).items():
+        (out / f"pk_{dataset}.md").write_text(f"```\n{text}\n```\n")
+        if not quiet:
+            print(text)
+    print(f"report: {out / 'report.md'}" + (f", plot: {png}" if png else ""))
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line of :func:`write_report` (``python -m diffrank.experiments.report RUN_DIR... [--out DIR]``)."""
+    ap = argparse.ArgumentParser(prog="python -m diffrank.experiments.report", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("paths", nargs="+", help="run folders (searched recursively for results.json)")
+    ap.add_argument("--out", default="outputs/report", help="folder for report.md and report.png")
+    ap.add_argument("--metric-prefix", default="test/", help="our metrics are <prefix><metric> (default test/)")
+    ap.add_argument("--quiet", action="store_true", help="do not print the tables")
+    a = ap.parse_args(argv)
+    write_report(a.paths, a.out, a.metric_prefix, a.quiet)
+
+
+if __name__ == "__main__":
+    main()

@@ -9,11 +9,21 @@ cell, :func:`paper_grid` looks up Petersen et al. (ICML 2022) Table 4 and Table 
 *different dataset*, for orientation only), :func:`check_orderings` evaluates the paper's qualitative claims on
 both, :func:`format_report` prints it all.
 
+Command line (:func:`main`; also part of ``python -m diffrank.experiments.report``)::
+
+    python -m diffrank.experiments.report_pk RUN_DIR... [--out outputs/report]
+
+reads every ``results.json`` under the folders whose config carries a ``benchmark`` key, averages the seeds of
+each (method, P_K) cell and prints, per dataset: our top-1 / top-5, runs and wall time per cell, Petersen et al.
+(ICML 2022) Table 4 / Table 1 on CIFAR-100 (a different dataset, for orientation) and which of the paper's
+orderings hold on each; ``--out`` also writes ``pk_<dataset>.md``.
+
 Accuracies are in % (results.json stores fractions; the reference CSVs store %), wall times in seconds per run.
 """
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -285,7 +295,7 @@ def format_report(ours: Grid, paper: Grid | None = None, dataset: str = "") -> s
 
 def reports(paths: Iterable[str | Path]) -> dict[str, str]:
     """One :func:`format_report` text per benchmark dataset found under ``paths`` (``{}`` when there is none):
-    the hook for ``scripts/compare_to_paper.py`` and ``scripts/pk_report.py``.
+    the hook for :func:`diffrank.experiments.report.write_report` and :func:`main`.
 
     Raises:
         FileNotFoundError / ValueError: see :func:`collect`.
@@ -295,5 +305,32 @@ def reports(paths: Iterable[str | Path]) -> dict[str, str]:
             for ds in sorted({r.dataset for r in runs})}
 
 
-__all__ = ["CLAIMS", "Claim", "Run", "canonical_pk", "check_orderings", "collect", "format_report", "grid",
+def main(argv: list[str] | None = None) -> dict[str, str]:
+    """Command line (``python -m diffrank.experiments.report_pk RUN_DIR... [--out DIR]``); returns ``{dataset: text}``.
+
+    Raises:
+        SystemExit: no benchmark run under the given paths.
+    """
+    ap = argparse.ArgumentParser(prog="python -m diffrank.experiments.report_pk", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("paths", nargs="+", help="run or sweep folders (searched recursively for results.json)")
+    ap.add_argument("--out", default=None, help="also write pk_<dataset>.md into this folder")
+    a = ap.parse_args(argv)
+    texts = reports(a.paths)
+    if not texts:
+        raise SystemExit(f"no finished benchmark run (results.json with a 'benchmark' key) under {a.paths}")
+    for ds, text in texts.items():
+        print(text, end="\n\n")
+        if a.out:
+            out = Path(a.out)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"pk_{ds}.md").write_text(f"# P_K x method: {ds}\n\n```\n{text}\n```\n", encoding="utf-8")
+    return texts
+
+
+__all__ = ["CLAIMS", "Claim", "Run", "canonical_pk", "check_orderings", "collect", "format_report", "grid", "main",
            "paper_grid", "parse_pk", "reports", "run_from_record"]
+
+
+if __name__ == "__main__":
+    main()

@@ -13,8 +13,12 @@ A sweep folder (``hydra.sweep.dir``) holds one folder per job (``.hydra/override
 - ``best.yaml``: the best configuration by the seed-mean of the optimised metric (and the best one per value of
   the first categorical swept key, e.g. per operator).
 
-``python scripts/sweep_report.py SWEEP_DIR…`` and the Hydra callback
-:class:`diffrank.experiments.callbacks.hydra_callbacks.SweepSummary` (``on_multirun_end``) both call :func:`summarize`.
+The Hydra callback :class:`diffrank.experiments.callbacks.hydra_callbacks.SweepSummary` (``on_multirun_end``) and
+this module's command line both call :func:`summarize`; the command line rebuilds the summary of a sweep that was
+stopped, that had a failed job (Hydra then skips ``on_multirun_end``) or is still running, and prints the best
+configuration (exit status 1 when a folder holds no job)::
+
+    python -m diffrank.experiments.sweeps SWEEP_DIR... [--metric val/em5] [--mode max] [--no-write]
 
 The factor-2 temperature grid of the papers (Petersen et al., ICML 2022, §5 / the diffsort and difftopk READMEs
 tune β on a grid of powers of two) is the resolver ``${beta_grid:0.0625,16}`` (:func:`beta_grid`), used by
@@ -25,6 +29,7 @@ import, so ``train.py`` and the tests that compose configs both have it).
 
 from __future__ import annotations
 
+import argparse
 import csv
 import hashlib
 import io
@@ -32,6 +37,7 @@ import logging
 import math
 import re
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -384,6 +390,36 @@ def format_report(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    """Command line (``python -m diffrank.experiments.sweeps SWEEP_DIR...``); returns one :func:`summarize` per folder.
+
+    Raises:
+        SystemExit: a folder that does not exist or holds no job (status 1), bad arguments (status 2).
+    """
+    ap = argparse.ArgumentParser(prog="python -m diffrank.experiments.sweeps", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("sweep_dirs", nargs="+", help="Hydra sweep folders (hydra.sweep.dir)")
+    ap.add_argument("--metric", default=None, help="metric to optimise (default: the runs' optimized_metric)")
+    ap.add_argument("--mode", choices=("max", "min"), default=None, help="default: the runs' optimized_mode")
+    ap.add_argument("--no-write", action="store_true", help="print only; write no file")
+    a = ap.parse_args(argv)
+    out = []
+    for d in a.sweep_dirs:
+        try:
+            summary = summarize(d, a.metric, a.mode, write=not a.no_write)
+        except FileNotFoundError as e:
+            sys.exit(f"error: {e}")
+        if not summary["rows"]:
+            sys.exit(f"error: {d} holds no job folder (.hydra/overrides.yaml or results.json)")
+        print(format_report(summary))
+        out.append(summary)
+    return out
+
+
 __all__ = ["BEST_YAML", "PLOT_PNG", "SUMMARY_CSV", "best_configs", "beta_grid", "format_report", "job_dirs",
-           "job_row", "parse_value", "plot_png", "register_resolvers", "split_override", "summarize",
+           "job_row", "main", "parse_value", "plot_png", "register_resolvers", "split_override", "summarize",
            "summary_csv", "swept_keys"]
+
+
+if __name__ == "__main__":
+    main()

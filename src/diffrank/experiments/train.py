@@ -16,6 +16,7 @@ import logging
 import os
 import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,6 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-import diffrank.experiments.sweeps  # noqa: F401  (registers the configs' resolvers: ${beta_grid:…}, ${short_hash:…})
 from diffrank.experiments.callbacks import ResumeState
 from diffrank.experiments.composition import check_model_fits_data, prepare
 from diffrank.experiments.fit import fit_and_test
@@ -38,6 +38,7 @@ from diffrank.experiments.record import (
     to_float,
     versions,
 )
+from diffrank.experiments.sweeps import register_resolvers
 
 log = logging.getLogger(__name__)
 
@@ -116,23 +117,126 @@ def _trained_steps(trainer: L.Trainer, done: dict[str, Any]) -> int:
     return steps
 
 
+@dataclass
+class Built:
+    """What :func:`build` makes of a config: the objects of one run and what the record needs to know."""
+
+    cfg: DictConfig
+    used: dict[str, Any]
+    info: dict[str, Any]
+    paper: Any
+    datamodule: Any
+    loss: Any
+    model: L.LightningModule
+    trainer: L.Trainer
+    loggers: list[Any] = field(default_factory=list)
+
+    @property
+    def objects(self) -> dict[str, Any]:
+        """The built objects by name (what :func:`train` returns besides the metrics)."""
+        return {"datamodule": self.datamodule, "operator": getattr(self.loss, "operator", None), "loss": self.loss,
+                "model": self.model, "trainer": self.trainer}
+
+
+def build(cfg: DictConfig, info: dict[str, Any]) -> Built:
+    """Compose what a run uses (:func:`~diffrank.experiments.composition.prepare`), seed, and build the data
+    module, the loss (with the operator and P_K its yaml interpolates), the model, callbacks, loggers and trainer.
+    Under DDP each rank loads ``data.batch_size / world_size`` items (``data.batch_size`` is the global batch).
+
+    Raises:
+        ValueError: unknown or incompatible choices, or a global batch that the world size does not divide.
+    """
+    cfg, used = prepare(cfg, info["choices"], info["overrides"])
+    if used["variant_of"]:
+        log.warning("%s is a row of %s; operator=%s runs a variant of it, recorded without its paper key",
+                    used["variant_of"]["experiment"], used["variant_of"]["paper_operator"],
+                    used["variant_of"]["operator"])
+    if cfg.get("seed") is not None:
+        L.seed_everything(cfg.seed, workers=True)
+    datamodule = instantiate(cfg.data)
+    loss = instantiate(cfg.loss)  # its yaml interpolates what it needs: operator: ${operator}, p_k: ${pk}
+    check_model_fits_data(cfg, info["choices"])
+    model = instantiate(cfg.model, loss=loss)
+    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
+    if cfg.trainer.get("enable_progress_bar") is False:  # Lightning refuses a progress-bar callback then
+        callbacks = [c for c in callbacks if not isinstance(c, L.pytorch.callbacks.ProgressBar)]
+    if not any(isinstance(c, ResumeState) for c in callbacks):
+        callbacks.append(ResumeState())  # RNG states and sampler position in every checkpoint (exact resume)
+    paper = OmegaConf.to_container(cfg.paper, resolve=True) if isinstance(cfg.get("paper"), DictConfig) \
+        else cfg.get("paper")
+    loggers = [instantiate(c, **_wandb_kwargs(c, cfg, used["choices"], paper, info))
+               for c in (cfg.get("logger") or {}).values() if c and "_target_" in c]
+    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    world_size = int(trainer.world_size)
+    global_batch = getattr(datamodule, "batch_size", None)
+    if global_batch is not None and world_size > 1:
+        # data.batch_size is the global batch: each rank loads its share (same steps per epoch as 1 process)
+        datamodule.batch_size = _per_device_batch(int(global_batch), world_size)
+    return Built(cfg, used, info, paper, datamodule, loss, model, trainer, loggers)
+
+
+def run_fit(built: Built) -> dict[str, Any]:
+    """Log the hyperparameters, resume a SLURM-restarted job from its ``last.ckpt``, then fit and test the
+    selected checkpoint, or (``train=false ckpt_path=…``) evaluate a checkpoint
+    (:func:`~diffrank.experiments.fit.fit_and_test`, whose result this returns)."""
+    cfg = built.cfg
+    for lg in built.loggers:
+        lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    resume = _slurm_resume_path(cfg)
+    if resume:
+        log.info("SLURM restart %s: resuming from %s", os.environ.get("SLURM_RESTART_COUNT"), resume)
+        with open_dict(cfg):
+            cfg.ckpt_path = resume
+    return fit_and_test(cfg, built.trainer, built.model, built.datamodule, built.loggers)
+
+
+def make_record(built: Built, done: dict[str, Any], metrics: dict[str, float], wall_time_s: float) -> RunRecord:
+    """The :class:`~diffrank.experiments.record.RunRecord` of a finished run: metrics, the choices and overrides,
+    seeds, the budget actually trained (optimizer steps × global batch), the tested checkpoint, and what decides
+    the bits (git state, versions, compute environment)."""
+    cfg, trainer, info = built.cfg, built.trainer, built.info
+    steps = _trained_steps(trainer, done) if cfg.get("train", True) else None
+    accumulate = int(cfg.trainer.get("accumulate_grad_batches") or 1)
+    per_device = getattr(built.datamodule, "batch_size", None)
+    world_size = int(trainer.world_size)
+    if done["evaluated_checkpoint"]:
+        global_step = done["checkpoint"]["global_step"]
+    else:
+        global_step = steps if steps is not None else int(trainer.global_step)
+    env = compute_environment()
+    return RunRecord(
+        status="done", task_name=cfg.get("task_name"), paper=built.paper, variant_of=built.used["variant_of"],
+        metrics=metrics, choices=built.used["choices"], overrides=info["overrides"], seed=cfg.get("seed"),
+        split_seed=cfg.data.get("split_seed") if cfg.get("data") else None,
+        # generated stand-ins for unavailable data (scripts/make_warcraft_like.py) say so in every record
+        synthetic_data=bool(getattr(built.datamodule, "synthetic", False)),
+        synthetic_info=getattr(built.datamodule, "synthetic_info", None),
+        global_step=global_step, optimizer_steps=steps, world_size=world_size, per_device_batch=per_device,
+        accumulate_grad_batches=accumulate,
+        global_batch=None if per_device is None else int(per_device) * world_size * accumulate,
+        evaluated_checkpoint=done["evaluated_checkpoint"], checkpoint=done["checkpoint"], **git_state(),
+        versions=versions(), wall_time_s=wall_time_s, finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        device=device_description(env), compute=env, run_dir=info["run_dir"], sweep_dir=info["sweep_dir"],
+        config=OmegaConf.to_container(cfg, resolve=False),
+    )
+
+
 def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
-    """Run one experiment described by ``cfg``.
+    """Run one experiment described by ``cfg``: :func:`build`, :func:`run_fit`, :func:`make_record` (written as
+    ``<paths.output_dir>/results.json`` by the main process).
 
     A paper row run with another operator becomes a variant (its own operator config, no ``paper`` key), and
     groups nothing reads (P_K in a sorting run) are left out of the record: :mod:`diffrank.experiments.composition`.
+    A multirun job that already finished (:func:`finished_record`) returns its recorded metrics without
+    building anything (``objects`` is then ``{"results": record, "skipped": True}``). Any W&B run is finished
+    on the way out, also after an exception.
 
     Args:
         cfg: the composed ``configs/train.yaml`` (needs ``HydraConfig`` set when it uses ``${hydra:…}``).
 
-    A multirun job that already finished (:func:`finished_record`) returns its recorded metrics without
-    building anything (``objects`` is then ``{"results": record, "skipped": True}``). Under DDP each rank loads
-    ``data.batch_size / world_size`` items (``data.batch_size`` is the global batch). Any W&B run is finished on
-    the way out, also after an exception.
-
     Returns:
         ``(metrics, objects)``: the final metrics (``test/*``, ``val/*``, ``train/*`` as floats) and the
-        built objects (datamodule, operator, loss, model, trainer, and ``results``: the record written).
+        built objects (datamodule, operator, loss, model, trainer, and ``results``: the record written, as a dict).
 
     Raises:
         ValueError: unknown or incompatible choices (e.g. a loss that the operator cannot serve), or a global
@@ -145,80 +249,20 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
         log.info("skipping %s: it already finished (results.json with the same overrides); delete that file "
                  "to train it again", cfg.paths.output_dir)
         return dict(finished.get("metrics") or {}), {"results": finished, "skipped": True}
-    cfg, used = prepare(cfg, info["choices"], info["overrides"])
-    if used["variant_of"]:
-        log.warning("%s is a row of %s; operator=%s runs a variant of it, recorded without its paper key",
-                    used["variant_of"]["experiment"], used["variant_of"]["paper_operator"],
-                    used["variant_of"]["operator"])
-    if cfg.get("seed") is not None:
-        L.seed_everything(cfg.seed, workers=True)
-    datamodule = instantiate(cfg.data)
-    loss = instantiate(cfg.loss)  # its yaml interpolates what it needs: operator: ${operator}, p_k: ${pk}
-    operator = getattr(loss, "operator", None)
-    check_model_fits_data(cfg, info["choices"])
-    model = instantiate(cfg.model, loss=loss)
-    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
-    if cfg.trainer.get("enable_progress_bar") is False:  # Lightning refuses a progress-bar callback then
-        callbacks = [c for c in callbacks if not isinstance(c, L.pytorch.callbacks.ProgressBar)]
-    if not any(isinstance(c, ResumeState) for c in callbacks):
-        callbacks.append(ResumeState())  # RNG states and sampler position in every checkpoint (exact resume)
-    paper = OmegaConf.to_container(cfg.paper, resolve=True) if isinstance(cfg.get("paper"), DictConfig) \
-        else cfg.get("paper")
-    loggers = [instantiate(c, **_wandb_kwargs(c, cfg, used["choices"], paper, info))
-               for c in (cfg.get("logger") or {}).values() if c and "_target_" in c]
+    built = build(cfg, info)
     try:
-        trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
-        world_size = int(trainer.world_size)
-        global_batch = datamodule.batch_size if hasattr(datamodule, "batch_size") else None
-        if global_batch is not None and world_size > 1:
-            # data.batch_size is the global batch: each rank loads its share (same steps per epoch as 1 process)
-            datamodule.batch_size = _per_device_batch(int(global_batch), world_size)
-        if loggers:
-            for lg in loggers:
-                lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
-        resume = _slurm_resume_path(cfg)
-        if resume:
-            log.info("SLURM restart %s: resuming from %s", os.environ.get("SLURM_RESTART_COUNT"), resume)
-            with open_dict(cfg):
-                cfg.ckpt_path = resume
-        # fit and test the selected checkpoint, or (train=false ckpt_path=…) evaluate a checkpoint
-        done = fit_and_test(cfg, trainer, model, datamodule, loggers)
+        done = run_fit(built)
         metrics = {k: to_float(v) for k, v in {**done["fit"], **done["eval"], **done["test"]}.items()}
-        objects = {"datamodule": datamodule, "operator": operator, "loss": loss, "model": model, "trainer": trainer}
-        if trainer.is_global_zero:
-            steps = _trained_steps(trainer, done) if cfg.get("train", True) else None
-            accumulate = int(cfg.trainer.get("accumulate_grad_batches") or 1)
-            per_device = getattr(datamodule, "batch_size", None)
-            record = RunRecord(**{
-                "status": "done",
-                "task_name": cfg.get("task_name"), "paper": paper,
-                "variant_of": used["variant_of"],
-                "metrics": metrics, "choices": used["choices"], "overrides": info["overrides"],
-                "seed": cfg.get("seed"), "split_seed": cfg.data.get("split_seed") if cfg.get("data") else None,
-                # generated stand-ins for unavailable data (scripts/make_warcraft_like.py) say so in every record
-                "synthetic_data": bool(getattr(datamodule, "synthetic", False)),
-                "synthetic_info": getattr(datamodule, "synthetic_info", None),
-                "global_step": done["checkpoint"]["global_step"] if done["evaluated_checkpoint"]
-                else int(trainer.global_step),
-                "optimizer_steps": steps, "world_size": world_size, "per_device_batch": per_device,
-                "accumulate_grad_batches": accumulate,
-                "global_batch": None if per_device is None else int(per_device) * world_size * accumulate,
-                "evaluated_checkpoint": done["evaluated_checkpoint"], "checkpoint": done["checkpoint"],
-                **git_state(), "versions": versions(), "wall_time_s": time.time() - t0,
-                "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "device": device_description(env := compute_environment()), "compute": env,
-                "run_dir": info["run_dir"], "sweep_dir": info["sweep_dir"],
-                "config": OmegaConf.to_container(cfg, resolve=False),
-            })
-            if not done["evaluated_checkpoint"] and steps is not None:
-                record.global_step = steps
-            out = cfg.paths.get("output_dir") if cfg.get("paths") else None
+        objects = built.objects
+        if built.trainer.is_global_zero:
+            record = make_record(built, done, metrics, time.time() - t0)
+            out = built.cfg.paths.get("output_dir") if built.cfg.get("paths") else None
             if out:
                 log.info("results: %s", record.write(Path(out) / "results.json"))
-            record = objects["results"] = record.to_dict()
-            _log_paper_comparison(loggers, record)
+            objects["results"] = record.to_dict()
+            _log_paper_comparison(built.loggers, objects["results"])
     finally:
-        _finish_wandb(loggers)
+        _finish_wandb(built.loggers)
     return metrics, objects
 
 
@@ -303,6 +347,7 @@ def main() -> None:
     from diffrank.registry import config_dir
 
     sys.argv.insert(1, f"--config-path={config_dir()}")
+    register_resolvers()  # before Hydra resolves a sweeper's params (${beta_grid:…}, ${short_hash:…})
     hydra.main(version_base="1.3", config_path=None, config_name="train")(run)()
 
 
@@ -379,3 +424,7 @@ def run(cfg: DictConfig) -> float | None:
     if name and name not in metrics and cfg.get("train", True):  # an evaluation need not log it
         raise KeyError(f"optimized_metric '{name}' was not logged; logged: {sorted(metrics)}")
     return metrics.get(name) if name else None
+
+
+if __name__ == "__main__":
+    main()

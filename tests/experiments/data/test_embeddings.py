@@ -97,8 +97,8 @@ def test_sampler_sorted_batches_seeded_by_seed_and_epoch():
 
 def test_missing_cache_names_the_files_and_the_scripts(tmp_path):
     dm = EmbeddingDataModule(str(tmp_path), "nothing", CLASSES, DIM)
-    with pytest.raises(FileNotFoundError, match="run scripts/extract_embeddings.py or scripts/convert_embeddings.py") \
-            as err:
+    hint = "run python -m diffrank.experiments.extract_embeddings or python -m diffrank.experiments.convert_embeddings"
+    with pytest.raises(FileNotFoundError, match=hint) as err:
         dm.setup()
     assert "index.json" in str(err.value) and "train_embeddings.npy" in str(err.value)
     root = write_embedding_cache(tmp_path / "c", dim=DIM, num_classes=CLASSES)

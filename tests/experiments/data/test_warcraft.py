@@ -3,14 +3,12 @@ paths, normalisation, missing-file and shape errors, determinism."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT
 from diffrank.experiments.algorithms.dijkstra import shortest_paths
 from diffrank.experiments.data.warcraft import (
     MARKER,
@@ -20,8 +18,9 @@ from diffrank.experiments.data.warcraft import (
     MapBatch,
     WarcraftDataModule,
     split_files,
-    tile_costs,
 )
+from diffrank.experiments.data.warcraft_like import main as warcraft_like_main
+from diffrank.experiments.data.warcraft_like import tile_costs
 from experiments.data.warcraft_files import write_warcraft
 
 SIZES = (20, 5, 5)
@@ -95,7 +94,8 @@ def test_missing_files_are_named(tmp_path, sets):
     for split in SPLITS:
         for name in split_files(split):
             assert str(tmp_path / REAL_ROOT / "12x12" / name) in msg
-    assert "warcraft_maps.tar" in msg and "make_warcraft_like.py" in msg and "paths.data_dir" in msg
+    assert "warcraft_maps.tar" in msg and "paths.data_dir" in msg
+    assert "python -m diffrank.experiments.data.warcraft_like --out" in msg
     # a generated set next door is pointed at
     with pytest.raises(FileNotFoundError, match="data.root_name=warcraft_like_synthetic"):
         WarcraftDataModule(sets, grid=12)
@@ -159,11 +159,8 @@ def test_bad_options(sets):
         WarcraftDataModule(sets, grid=4, root_name=SYNTHETIC_ROOT, device_resident="sometimes")
 
 
-def test_script_and_config(tmp_path, compose_train):
-    spec = importlib.util.spec_from_file_location("make_warcraft_like", ROOT / "scripts" / "make_warcraft_like.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    script.main(["--out", str(tmp_path), "--grid", "4", "--n-train", "6", "--n-val", "2", "--n-test", "2",
+def test_command_line_and_config(tmp_path, compose_train):
+    warcraft_like_main(["--out", str(tmp_path), "--grid", "4", "--n-train", "6", "--n-val", "2", "--n-test", "2",
                  "--seed", "5", "--no-md5"])
     marker = json.loads((tmp_path / SYNTHETIC_ROOT / "4x4" / MARKER).read_text())
     assert marker["synthetic"] and marker["seed"] == 5 and marker["splits"]["train"]["maps"] == 6

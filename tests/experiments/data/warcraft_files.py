@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from diffrank.experiments.data.warcraft import REAL_ROOT, SYNTHETIC_ROOT, write_warcraft_like
+from diffrank.experiments.data.warcraft import REAL_ROOT, SYNTHETIC_ROOT
+from diffrank.experiments.data.warcraft_like import write_warcraft_like
 
 
 def write_warcraft(root: Path, grid: int = 12, sizes: tuple[int, int, int] = (20, 5, 5), seed: int = 0,

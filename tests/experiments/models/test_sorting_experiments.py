@@ -3,16 +3,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
-import sys
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import CONFIGS, ROOT, options
+from conftest import CONFIGS, options
 from diffrank import reference
+from diffrank.experiments import generate_sorting as gen
 from diffrank.experiments.models.sorting import MultiDigitCNN, RankingSupervisionModule
 from diffrank.experiments.train import train
 from diffrank.operators import load
@@ -28,15 +27,6 @@ REPRESENTATIVE = ["sorting/thesis_t3_7/odd_even_cauchy_n5", "sorting/thesis_t3_3
                   "sorting/lapsum_t4/lapsum_n5", "sorting/thesis_t7_3/softsort_n10",
                   "sorting/thesis_t3_7/bitonic_reciprocal_n32", "sorting/thesis_t3_4/svhn_bitonic_art_n8",
                   "sorting/thesis_t3_5/bitonic_lambda04_n64_b4", "sorting/thesis_t2_1/relaxed_bubble_sort_n5"]
-
-
-def _generator():
-    spec = importlib.util.spec_from_file_location("make_sorting_experiments",
-                                                  ROOT / "scripts" / "make_sorting_experiments.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +69,12 @@ def test_module_scores_each_image_independently():
 
 
 def test_committed_rows_are_the_generators_output():
-    """configs/experiment/sorting/<table>/ holds exactly what scripts/make_sorting_experiments.py writes."""
-    gen = _generator()
+    """configs/experiment/sorting/<table>/ holds exactly what diffrank.experiments.generate_sorting writes."""
     files = gen.render()
-    committed = {p.relative_to(gen.OUT).as_posix(): p.read_text(encoding="utf-8")
-                 for table in gen.TABLES for p in (gen.OUT / table).glob("*.yaml")}
-    assert sorted(committed) == sorted(files), "run python scripts/make_sorting_experiments.py"
+    out = CONFIGS / "experiment" / "sorting"
+    committed = {p.relative_to(out).as_posix(): p.read_text(encoding="utf-8")
+                 for table in gen.TABLES for p in (out / table).glob("*.yaml")}
+    assert sorted(committed) == sorted(files), "run python -m diffrank.experiments.generate_sorting"
     for rel, text in files.items():
         assert committed[rel] == text, f"{rel} differs from the generator's output"
     assert sorted(f"sorting/{rel[:-5]}" for rel in files) == ROWS

@@ -4,15 +4,13 @@ CIFAR ResNet-18 head and the test-at-best-validation-epoch selection."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import CONFIGS, ROOT, options
+from conftest import CONFIGS, options
 from diffrank import reference
+from diffrank.experiments import generate_topk as gen
 from diffrank.experiments.models.classifier import TopKClassifier
 from diffrank.experiments.models.nets import CifarResNet18
 from diffrank.experiments.train import train
@@ -27,15 +25,6 @@ SAMPLE = ["topk/icml2022_t1/dsn_uniform5", "topk/icml2022_t1/softmax_ce"]
 IMAGENET_PROTOCOLS = ("topk/imagenet1k", "topk/imagenet21kp", "topk/imagenet1k_effnet_l2")
 
 
-def _generator():
-    path = ROOT / "scripts" / "make_topk_experiments.py"
-    spec = importlib.util.spec_from_file_location("make_topk_experiments", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def cifar_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("cifar100")
@@ -48,12 +37,12 @@ def _small(root) -> list[str]:
 
 
 def test_committed_rows_are_the_generators_output():
-    """configs/experiment/topk/icml2022_t<N>/ holds exactly what scripts/make_topk_experiments.py writes."""
-    gen = _generator()
+    """configs/experiment/topk/icml2022_t<N>/ holds exactly what diffrank.experiments.generate_topk writes."""
     files = gen.render()
-    committed = {p.relative_to(gen.OUT).as_posix(): p.read_text(encoding="utf-8")
-                 for table in gen.TABLES.values() for p in (gen.OUT / table).glob("*.yaml")}
-    assert sorted(committed) == sorted(files), "run python scripts/make_topk_experiments.py"
+    out = CONFIGS / "experiment" / "topk"
+    committed = {p.relative_to(out).as_posix(): p.read_text(encoding="utf-8")
+                 for table in gen.TABLES.values() for p in (out / table).glob("*.yaml")}
+    assert sorted(committed) == sorted(files), "run python -m diffrank.experiments.generate_topk"
     for rel, text in files.items():
         assert committed[rel] == text, f"{rel} differs from the generator's output"
     assert sorted(f"topk/{rel[:-5]}" for rel in files) == ROWS

@@ -1,1 +1,0 @@
-"""Benchmark suites for ``scripts/benchmark_operators.py``; one module per family of operators."""

@@ -1,0 +1,216 @@
+"""Write the top-k classification rows of Petersen et al. (ICML 2022) Tables 1-6:
+``configs/experiment/topk/icml2022_t<N>/<row>.yaml``.
+
+A row includes its protocol (hand-written: ``topk/cifar100`` for Tables 1 and 4; ``topk/imagenet1k``,
+``topk/imagenet21kp`` and ``topk/imagenet1k_effnet_l2`` for the heads on frozen embeddings of Tables 2, 3, 5, 6)
+and sets only the method: the operator and its temperature / sigmoid, P_K, the loss when it is a baseline,
+``paper_operator`` and the ``paper:`` key, whose fields are columns of
+``src/diffrank/reference/topk_icml2022_table<N>.csv`` (one reference row per metric).
+
+Temperatures are the difftopk README's ("(code)"; the paper only says "grid search, factor-2 resolution"):
+CIFAR-100 DiffSortNets logistic + ART β = 0.5, λ = 0.5, NeuralSort β = 0.0625, SoftSort β = 0.0625, smooth
+top-k τ = 1; ImageNet DiffSortNets logistic + ART β = 1, λ = 0.5, NeuralSort β = 0.5, SoftSort β = 0.5;
+Table 5: ResNeXt P_K = [.2]*5, m = 16, DiffSortNets logistic + ART β = 1, λ = 0.5; Noisy-Student EfficientNet-L2
+P_K = [.25,0,0,0,.75], m = 16, DiffSortNets plain logistic β = 0.5. "DiffSortNets" is the bitonic or the
+splitter-selection network with the same settings (the paper does not say which number is which): the rows use
+the bitonic network (``difftopk_bitonic``). SinkhornSort's temperature is not published: its rows start at
+β = 128 and are meant to be swept with the factor-2 grid (docs/topk.md: ``hparams_search=beta_grid`` over the
+table's ``sinkhorn_*`` rows); ``python -m diffrank.experiments.report`` then reports the β with the best
+validation top-1.
+
+Not generated: Table 5's literature rows (published numbers of other models, no run) and Table 7 (network depths,
+a unit test).
+
+Usage: ``python -m diffrank.experiments.generate_topk`` (or ``python scripts/make_topk_experiments.py``; rewrites
+the table folders of :func:`diffrank.registry.config_dir`, the checkout's ``configs/`` in an editable install;
+commit them). The test ``tests/experiments/models/test_topk_experiments.py`` checks that the committed files equal
+:func:`render`.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from diffrank import reference
+from diffrank.experiments.generated import write_generated, yaml_flow
+from diffrank.registry import config_dir
+
+OUT = config_dir() / "experiment" / "topk"
+REFERENCE = Path(reference.__file__).parent  # the reference CSVs (package data)
+PAPER = "petersen_difftopk_icml2022"
+TABLES = {1: "icml2022_t1", 2: "icml2022_t2", 3: "icml2022_t3", 4: "icml2022_t4", 5: "icml2022_t5",
+          6: "icml2022_t6"}
+# reference dataset / model -> our protocol (experiment config) and row-name prefix
+PROTOCOLS = {("cifar100", "resnet18_cifar"): ("topk/cifar100", ""),
+             ("imagenet1k", "resnext101_32x48d_wsl_linear_head"): ("topk/imagenet1k", "in1k_"),
+             ("imagenet21kp", "resnext101_32x48d_wsl_linear_head"): ("topk/imagenet21kp", "in21kp_"),
+             ("imagenet1k", "efficientnet_l2_ns_linear_head"): ("topk/imagenet1k_effnet_l2", "effnet_")}
+# reference operator id -> our operator config
+OPERATORS = {"neuralsort": "neuralsort", "softsort": "softsort", "sinkhorn": "sinkhorn", "dsn": "difftopk_bitonic"}
+SINKHORN_START_BETA = 128.0  # a point of the factor-2 grid; the grid itself is a sweep (module docstring)
+# baselines: their rows select the loss config; the protocols' top-k settings (topk_loss: m, top1_mode) are read
+# by loss=topk_ce only
+BASELINE_LOSSES = ("softmax_ce", "smooth_topk")
+# P_K as printed in the CSVs -> our pk config, or its weights for the lengths without one
+PK_NAMES = {"[1,0,0,0,0]": "top1", "[0,0,0,0,1]": "top5", "[.5,0,0,0,.5]": "half_top5",
+            "[.25,0,0,0,.75]": "quarter_top5", "[.1,0,0,0,.9]": "tenth_top5", "[.2,.2,.2,.2,.2]": "uniform5",
+            "[.5,0 x3,.5]": "half_top5", "[.25,0 x3,.75]": "quarter_top5", "[.1,0 x3,.9]": "tenth_top5",
+            "[.5,0 x8,.5]": "half_top10", "[.5,0 x18,.5]": "half_top20"}
+
+
+@dataclass
+class Row:
+    """One experiment config: ``configs/experiment/topk/<name>.yaml``."""
+
+    name: str
+    title: str
+    protocol: str
+    paper: dict[str, Any]
+    operator: str | None = None           # None: a baseline loss, no operator
+    loss: str | None = None               # a baseline loss (BASELINE_LOSSES) instead of the protocol's topk_ce
+    params: dict[str, Any] = field(default_factory=dict)
+    pk: str | list[float] | None = None   # a pk config name or the weights
+    sweep_beta: bool = False              # SinkhornSort: no published β
+
+
+def pk_weights(printed: str) -> list[float]:
+    """``"[.25,0 x8,.75]"`` → ``[0.25, 0, …, 0, 0.75]`` (the CSVs' compact P_K; ``0 xN`` = N zeros).
+
+    Raises:
+        ValueError: not a bracketed comma list of numbers and ``0 xN`` runs.
+    """
+    text = printed.split("(")[0].strip()
+    if not (text.startswith("[") and text.endswith("]")):
+        raise ValueError(f"not a P_K: {printed!r}")
+    out: list[float] = []
+    for part in text[1:-1].split(","):
+        part = part.strip()
+        if " x" in part:
+            value, count = part.split(" x")
+            out += [float(value)] * int(count)
+        else:
+            out.append(float(part))
+    return out
+
+
+def _pk_tag(printed: str) -> str:
+    weights = pk_weights(printed)
+    name = PK_NAMES.get(printed.split("(")[0].strip())
+    if name:
+        return name
+    first = {0.5: "half", 0.25: "quarter", 0.1: "tenth", 1.0: "top1"}[weights[0]]
+    return first if first == "top1" else f"{first}_top{len(weights)}"
+
+
+@cache
+def reference_rows(table: int) -> tuple[dict[str, str], ...]:
+    """The rows of ``topk_icml2022_table<table>.csv`` (strings)."""
+    with (REFERENCE / f"topk_icml2022_table{table}.csv").open(newline="", encoding="utf-8") as f:
+        return tuple(csv.DictReader(f))
+
+
+def _params(table: int, dataset: str, op: str, sigmoid: str, model: str) -> dict[str, Any]:
+    cifar = dataset == "cifar100"
+    if op == "dsn":
+        if model.startswith("efficientnet"):  # Table 5, Noisy-Student head: plain logistic β = 0.5
+            return {"beta": 0.5, "sigmoid": "logistic"}
+        if sigmoid not in ("logistic_art", ""):
+            raise ValueError(f"Table {table}: DSN sigmoid {sigmoid!r} has no README setting")
+        return {"beta": 0.5 if cifar else 1.0, "sigmoid": "logistic_phi", "art_lambda": 0.5}
+    if op in ("neuralsort", "softsort"):
+        return {"beta": 0.0625 if cifar else 0.5}
+    if op == "sinkhorn":
+        return {"beta": SINKHORN_START_BETA}
+    raise ValueError(f"Table {table}: no operator for {op!r}")
+
+
+def rows() -> list[Row]:
+    """One row per (dataset, model, method, P_K) cell of Tables 1-6 (literature rows of Table 5 excepted)."""
+    out = []
+    for table in TABLES:
+        seen = set()
+        for r in reference_rows(table):
+            if r["method"] == "literature":
+                continue
+            cell = (r["dataset"], r["model"], r["method"], r["pk"])
+            if cell in seen:
+                continue
+            seen.add(cell)
+            protocol, prefix = PROTOCOLS[(r["dataset"], r["model"])]
+            key = {"paper": PAPER, "table": str(table), "dataset": r["dataset"], "model": r["model"],
+                   "method": r["method"], "pk": r["pk"]}
+            op, tag = r["operator"], _pk_tag(r["pk"])
+            where = f"Petersen et al. 2022, Table {table}: {r['method']}, P_K = {r['pk']}"
+            if op in BASELINE_LOSSES:
+                name = f"{prefix}{op}"
+                if table == 6:  # Table 6 prints the softmax baseline once per P_K length block
+                    name += f"_len{len(pk_weights(r['pk']))}"
+                params_note = ", τ = 1, k = 5 (README)" if op == "smooth_topk" else ""
+                out.append(Row(f"{TABLES[table]}/{name}", where + params_note, protocol, key, loss=op))
+                continue
+            ours = OPERATORS[op]
+            params = _params(table, r["dataset"], op, r["sigmoid"], r["model"])
+            short = "dsn" if op == "dsn" else op
+            pk_name = PK_NAMES.get(r["pk"].split("(")[0].strip())
+            pk: str | list[float] = pk_name or pk_weights(r["pk"])
+            temp = ", ".join(f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}" for k, v in params.items())
+            note = "; β not published: sweep it (docs/topk.md)" if op == "sinkhorn" else " (README)"
+            out.append(Row(f"{TABLES[table]}/{prefix}{short}_{tag}", f"{where}; {ours}, {temp}{note}", protocol,
+                           key, operator=ours, params=params, pk=pk, sweep_beta=op == "sinkhorn"))
+    return out
+
+
+# ---- rendering ----
+
+
+
+def render_row(row: Row) -> str:
+    """The yaml text of one row."""
+    lines = ["# @package _global_", f"# {row.title}.",
+             "# Generated by scripts/make_topk_experiments.py: edit the generator, not this file.", "defaults:",
+             f"  - /experiment/{row.protocol}"]
+    if row.operator:
+        lines.append(f"  - override /operator: {row.operator}")
+    if isinstance(row.pk, str):
+        lines.append(f"  - override /pk: {row.pk}")
+    if row.loss:
+        lines.append(f"  - override /loss: {row.loss}")
+    lines += ["  - _self_", ""]
+    if row.sweep_beta:
+        lines.append(f"# β not published: python train.py experiment=topk/{row.name} hparams_search=beta_grid "
+                     "sweep.beta_min=4 sweep.beta_max=1024")
+    lines.append(f"paper_operator: {yaml_flow(row.operator) if row.operator else 'null'}")
+    lines.append(f"paper: {yaml_flow(row.paper)}")
+    if row.params:
+        lines.append(f"operator: {yaml_flow(row.params)}")
+    if isinstance(row.pk, list):
+        lines.append(f"pk: {yaml_flow({'weights': row.pk})}")
+    return "\n".join(lines) + "\n"
+
+
+def render() -> dict[str, str]:
+    """``{path relative to configs/experiment/topk: yaml text}`` of every row.
+
+    Raises:
+        ValueError: two rows share a name.
+    """
+    all_rows = rows()
+    out = {f"{r.name}.yaml": render_row(r) for r in all_rows}
+    if len(out) != len(all_rows):
+        raise ValueError("two rows share a name")
+    return out
+
+
+def main() -> dict[str, str]:
+    """Rewrite the table folders (stale rows removed), print how many configs; returns what was written."""
+    files = write_generated(OUT, TABLES.values(), render())
+    print(f"wrote {len(files)} configs under {OUT}")
+    return files
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""The cell runner: job folders, skip / resume / start, and the queue with slots."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from diffrank.experiments import cells
+from diffrank.experiments.record import RunRecord
+
+
+def test_jobs_cross_grid_and_seeds(tmp_path):
+    q = cells.jobs("sorting/x", [0, 1], ["operator.beta=30,35"], ["paths.data_dir=D"], tmp_path)
+    assert [j.folder.relative_to(tmp_path).as_posix() for j in q] == [
+        "sorting/x/beta30_seed0", "sorting/x/beta30_seed1", "sorting/x/beta35_seed0", "sorting/x/beta35_seed1"]
+    assert q[2].overrides == ["experiment=sorting/x", "operator.beta=35", "seed=0", "paths.data_dir=D"]
+    assert cells.jobs("e", [3], [], [], tmp_path)[0].folder == tmp_path / "e" / "seed3"
+    with pytest.raises(ValueError, match="key=v1,v2"):
+        cells.jobs("e", [0], ["operator.beta"], [], tmp_path)
+
+
+def test_job_state_and_resume_command(tmp_path):
+    (job,) = cells.jobs("e", [0], [], [], tmp_path)
+    assert not job.done and job.resume_from is None and not any("ckpt_path" in c for c in job.command())
+    (job.folder / "checkpoints").mkdir(parents=True)
+    (job.folder / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    assert job.command()[-1] == f"ckpt_path={(job.folder / 'checkpoints' / 'last.ckpt').resolve()}"
+    assert f"hydra.run.dir={job.folder}" in job.command()
+    RunRecord(status="failed").write(job.folder / "results.json")
+    assert not job.done
+    RunRecord(status="done").write(job.folder / "results.json")
+    assert job.done
+
+
+def test_queue_skips_finished_and_counts(tmp_path, monkeypatch):
+    q = cells.jobs("e", [0, 1, 2], [], [], tmp_path)
+    RunRecord(status="done").write(q[0].folder / "results.json")
+    fake = ("import sys, pathlib; from diffrank.experiments.record import RunRecord; "
+            "d = pathlib.Path(sys.argv[1]); RunRecord(status='done' if d.name != 'seed2' else 'failed')"
+            ".write(d / 'results.json')")
+    monkeypatch.setattr(cells.Job, "command", lambda self: [sys.executable, "-c", fake, str(self.folder)])
+    counts = cells.run_queue(q, slots=2, threads=1, poll_s=0.05)
+    assert counts == {"skipped": 1, "finished": 1, "failed": 1}
+    assert (q[1].folder / "stdout.log").is_file()
