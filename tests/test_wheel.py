@@ -4,6 +4,7 @@ stack, and the experiment configs compose from the installed copy."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -63,10 +64,17 @@ EXPERIMENTS = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def wheel_site(tmp_path_factory):
-    """The wheel built from the checkout (``pip wheel --no-deps --no-build-isolation``), unpacked."""
+    """The wheel built (``pip wheel --no-deps --no-build-isolation``) from a copy of the checkout's tracked
+    sources, so that no stale ``build/`` folder of the checkout leaks into it and none is left behind, unpacked."""
     tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "checkout"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    for name in ("src", "kernels", "configs"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(tmp / "dist"), str(ROOT)], check=True, capture_output=True, text=True, timeout=600)
+                    str(tmp / "dist"), str(src)], check=True, capture_output=True, text=True, timeout=600)
     (wheel,) = (tmp / "dist").glob("diffrank-*.whl")
     site = tmp / "site"
     with zipfile.ZipFile(wheel) as z:

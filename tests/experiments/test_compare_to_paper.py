@@ -105,7 +105,7 @@ def test_variant_of_a_row_is_never_labelled_with_its_paper_row(tmp_path):
     _write(runs, "sorting/thesis_t3_7/odd_even_cauchy_n5/runs/own", CAUCHY5, {"test/em": 0.8, "test/ew": 0.9})
     _write(runs, "sorting/thesis_t3_7/odd_even_cauchy_n5/runs/variant", None, {"test/em": 0.1, "test/ew": 0.2})
     record = json.loads((runs / "sorting/thesis_t3_7/odd_even_cauchy_n5/runs/variant/results.json").read_text())
-    record["variant_of"] = {"paper_operator": "diffsort_odd_even", "operator": "neuralsort", "paper": CAUCHY5}
+    record["variant_of"] = {"paper_method": "diffsort_odd_even", "method": "neuralsort", "paper": CAUCHY5}
     (runs / "sorting/thesis_t3_7/odd_even_cauchy_n5/runs/variant/results.json").write_text(json.dumps(record))
     result = report.collect([runs])  # found recursively under the experiment folders
     assert result["runs"] == 1 and result["skipped"] == 1

@@ -80,9 +80,26 @@ def test_pk_from_command_line(compose_train):
 
 
 def test_every_config_group_option_composes(compose_train):
+    """Every option composes, is the recorded choice, and every ``_target_`` in it names an importable object (a
+    typo would otherwise surface only when a run builds it)."""
+    from diffrank.registry import locate
+
+    def targets(node):
+        if isinstance(node, dict):
+            yield from ([node["_target_"]] if "_target_" in node else [])
+            for v in node.values():
+                yield from targets(v)
+        elif isinstance(node, list):
+            for v in node:
+                yield from targets(v)
+
     for group in ("operator", "pk", "loss", "data", "model", "trainer", "logger", "callbacks", "debug"):
         for opt in options(group):
-            compose_train([f"{group}={opt}"])
+            cfg = compose_train([f"{group}={opt}"])
+            assert cfg.hydra.runtime.choices[group] == opt
+            node = OmegaConf.to_container(cfg.get(group), resolve=False) if cfg.get(group) is not None else None
+            for target in targets(node):
+                assert callable(locate(target)), (group, opt, target)
 
 
 def test_train_py_subprocess(tmp_path):

@@ -3,7 +3,7 @@ config groups a run actually uses.
 
 **Paper rows run with another operator.** A row of a paper table (``configs/experiment/sorting/<table>/<row>.yaml``)
 includes its protocol, selects its operator, sets that operator's parameters under ``operator:`` and names it in
-``paper_operator``. ``experiment=<row> operator=lapsum`` would let Hydra merge the row's parameters (β, sigmoid)
+``paper_method``. ``experiment=<row> operator=lapsum`` would let Hydra merge the row's parameters (β, sigmoid)
 into LapSum's config, and the run would carry the row's ``paper:`` key although it is not the row's method.
 :func:`prepare` rebuilds ``operator`` from ``configs/operator/<choice>.yaml`` plus the command line's
 ``operator.*`` overrides (so nothing of the row's operator reaches the other one) and drops ``paper``: the run is
@@ -29,7 +29,7 @@ from diffrank.registry import config_dir
 
 # groups built only where another node interpolates them (the loss reads ${operator} and ${pk})
 INTERPOLATED_GROUPS = ("operator", "pk")
-# the groups that name a table row's method (paper_operator): the first one chosen counts
+# the groups that name a table row's method (paper_method): the first one chosen counts
 METHOD_GROUPS = ("operator", "algorithm")
 
 
@@ -66,21 +66,21 @@ def group_from_yaml(group: str, name: str, overrides: list[str]) -> DictConfig:
 
 
 def swap_operator(cfg: DictConfig, choices: dict[str, Any], overrides: list[str]) -> dict[str, Any] | None:
-    """If ``cfg`` is a paper row (``paper_operator`` set) run with another method, rebuild the method's group from
+    """If ``cfg`` is a paper row (``paper_method`` set) run with another method, rebuild the method's group from
     that option's own config and drop ``paper`` (in place). The method is the ``operator`` choice, or the
     ``algorithm`` choice of runs without an operator (Warcraft shortest paths).
 
     Returns:
         ``None`` for a row run with its own operator (or no row); else what the run is a variant of:
-        ``{"experiment", "paper_operator", "operator", "paper"}`` (the row's resolved paper key).
+        ``{"experiment", "paper_method", "method", "paper"}`` (the row's resolved paper key).
     """
-    row_op = cfg.get("paper_operator")
+    row_op = cfg.get("paper_method")
     group = next((g for g in METHOD_GROUPS if choices.get(g) is not None), METHOD_GROUPS[0])
     chosen = choices.get(group)  # Hydra's choice (a row's task_name needs HydraConfig anyway)
     if not row_op or chosen is None or chosen == row_op:
         return None
     paper = cfg.get("paper")
-    variant = {"experiment": choices.get("experiment"), "paper_operator": row_op, "operator": chosen,
+    variant = {"experiment": choices.get("experiment"), "paper_method": row_op, "method": chosen,
                "paper": OmegaConf.to_container(paper, resolve=True) if isinstance(paper, DictConfig) else paper}
     with open_dict(cfg):
         cfg[group] = group_from_yaml(group, chosen, overrides)

@@ -3,7 +3,7 @@
 A row includes its protocol (``sorting/mnist`` or ``sorting/svhn``, hand-written: data, model with its loss and
 selection metric, optimiser, steps; everything but the operator's own parameters), selects its operator and
 writes only what differs from that composition: the operator's parameters, n, the table's deviations from the
-protocol (steps, batch, learning rate, loss form), ``paper_operator`` and the ``paper:`` key, whose fields are
+protocol (steps, batch, learning rate, loss form), ``paper_method`` and the ``paper:`` key, whose fields are
 columns of ``src/diffrank/reference/*.csv`` (``python -m diffrank.experiments.report`` matches a run to those rows).
 
 Sources: thesis Tables 2.1 (§2.3: relaxed bubble sort, with the Det. NeuralSort and Optimal Transport
@@ -284,7 +284,7 @@ def render_row(row: Row) -> str:
     base = _base(row.protocol, row.operator, row.loss)
     wanted = {**{f"operator.{k}": v for k, v in row.params.items()}, **row.settings}
     differs = {k: v for k, v in wanted.items() if base.get(k) != v or type(base.get(k)) is not type(v)}
-    body = {"paper_operator": row.operator, "paper": row.paper,
+    body = {"paper_method": row.operator, "paper": row.paper,
             **_nest({**{k: v for k, v in differs.items() if k.startswith("operator.")}, "data.n": row.n,
                      **{k: v for k, v in differs.items() if not k.startswith("operator.")}})}
     source = "LapSum (Struski et al. 2025) Table 4" if row.paper["paper"] != THESIS else \

@@ -4,7 +4,7 @@
 A row includes its protocol (hand-written: ``topk/cifar100`` for Tables 1 and 4; ``topk/imagenet1k``,
 ``topk/imagenet21kp`` and ``topk/imagenet1k_effnet_l2`` for the heads on frozen embeddings of Tables 2, 3, 5, 6)
 and sets only the method: the operator and its temperature / sigmoid, P_K, the loss when it is a baseline,
-``paper_operator`` and the ``paper:`` key, whose fields are columns of
+``paper_method`` and the ``paper:`` key, whose fields are columns of
 ``src/diffrank/reference/topk_icml2022_table<N>.csv`` (one reference row per metric).
 
 Temperatures are the difftopk README's ("(code)"; the paper only says "grid search, factor-2 resolution"):
@@ -183,7 +183,7 @@ def render_row(row: Row) -> str:
     if row.sweep_beta:
         lines.append(f"# β not published: python train.py experiment=topk/{row.name} hparams_search=beta_grid "
                      "sweep.beta_min=4 sweep.beta_max=1024")
-    lines.append(f"paper_operator: {yaml_flow(row.operator) if row.operator else 'null'}")
+    lines.append(f"paper_method: {yaml_flow(row.operator) if row.operator else 'null'}")
     lines.append(f"paper: {yaml_flow(row.paper)}")
     if row.params:
         lines.append(f"operator: {yaml_flow(row.params)}")

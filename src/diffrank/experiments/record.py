@@ -217,7 +217,8 @@ class RunRecord:
         """A record from its JSON object, upgrading schema 1 (records written before this class).
 
         Schema 1 fallbacks: ``optimizer_steps`` ← ``global_step``; ``global_batch`` ← ``data.batch_size`` of
-        the overrides, then of the config; ``status`` ← "done" when it has metrics, else "incomplete".
+        the overrides, then of the config; ``status`` ← "done" when it has metrics, else "incomplete";
+        ``variant_of`` keys ``paper_operator`` / ``operator`` → ``paper_method`` / ``method``.
         """
         names = {f.name for f in fields(cls)} - {"extra"}
         known = {k: v for k, v in data.items() if k in names}
@@ -230,6 +231,10 @@ class RunRecord:
             if rec.global_batch is None:
                 batch = rec._planned("data.batch_size", ("data", "batch_size"))
                 rec.global_batch = None if batch is None else int(batch)
+            if isinstance(rec.variant_of, dict) and "paper_operator" in rec.variant_of:  # the key held algorithms too
+                v = dict(rec.variant_of)
+                rec.variant_of = {"experiment": v.get("experiment"), "paper_method": v.get("paper_operator"),
+                                  "method": v.get("operator"), "paper": v.get("paper")}
         rec.metrics = rec.metrics or {}
         rec.overrides = [str(o) for o in rec.overrides or []]
         rec.config = rec.config or {}

@@ -22,9 +22,8 @@ configuration (exit status 1 when a folder holds no job)::
 
 The factor-2 temperature grid of the papers (Petersen et al., ICML 2022, §5 / the diffsort and difftopk READMEs
 tune β on a grid of powers of two) is the resolver ``${beta_grid:0.0625,16}`` (:func:`beta_grid`), used by
-``configs/hparams_search/beta_grid.yaml``; :func:`register_resolvers` registers it (``diffrank.experiments.train``
-does on
-import, so ``train.py`` and the tests that compose configs both have it).
+``configs/hparams_search/beta_grid.yaml``; :func:`register_resolvers` registers it. Nothing registers on import:
+the entry points call it (``train.py``, ``diffrank-train``, ``tests/conftest.py``) before Hydra composes.
 """
 
 from __future__ import annotations
@@ -101,7 +100,6 @@ def register_resolvers() -> None:
             OmegaConf.register_new_resolver(name, fn)
 
 
-register_resolvers()
 
 
 def parse_value(text: str) -> Any:

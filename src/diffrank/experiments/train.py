@@ -149,8 +149,8 @@ def build(cfg: DictConfig, info: dict[str, Any]) -> Built:
     cfg, used = prepare(cfg, info["choices"], info["overrides"])
     if used["variant_of"]:
         log.warning("%s is a row of %s; operator=%s runs a variant of it, recorded without its paper key",
-                    used["variant_of"]["experiment"], used["variant_of"]["paper_operator"],
-                    used["variant_of"]["operator"])
+                    used["variant_of"]["experiment"], used["variant_of"]["paper_method"],
+                    used["variant_of"]["method"])
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data)

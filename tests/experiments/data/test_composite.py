@@ -203,7 +203,7 @@ def test_rows_run(compose_train, root, name):
         assert isinstance(objects["loss"], SoftmaxCrossEntropyLoss) and objects["operator"] is None
         assert "operator" not in objects["results"]["choices"]
     else:
-        assert objects["results"]["choices"]["operator"] == cfg.paper_operator
+        assert objects["results"]["choices"]["operator"] == cfg.paper_method
 
 
 def test_temperatures_of_the_rows():

@@ -54,8 +54,8 @@ def test_rows_carry_their_paper_keys():
         rows = reference.match(OmegaConf.to_container(cfg.paper, resolve=True))
         assert [r["metric"] for r in rows] == ["top1"], name
         assert rows[0]["dataset"] == name.rsplit("/", 1)[1].split("_")[0], name
-        if "paper_operator" in cfg:
-            assert rows[0]["operator"] == cfg.paper_operator, name
+        if "paper_method" in cfg:
+            assert rows[0]["operator"] == cfg.paper_method, name
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in SAMPLE else pytest.mark.slow) for n in CONFIGS_KNN])

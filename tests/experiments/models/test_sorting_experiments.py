@@ -90,7 +90,7 @@ def test_rows_are_short_and_carry_their_paper_keys():
         metrics = [r["metric"] for r in rows]
         assert rows and len(metrics) == len(set(metrics)), name  # one reference row per metric
         assert cfg.data.n == int(cfg.paper.n), name
-        assert {"override /operator": cfg.paper_operator} in OmegaConf.to_container(cfg.defaults), name
+        assert {"override /operator": cfg.paper_method} in OmegaConf.to_container(cfg.defaults), name
 
 
 @pytest.mark.parametrize("names", [
@@ -100,7 +100,7 @@ def test_rows_compose(compose_train, names):
     for name in names:
         cfg = compose_train([f"experiment={name}"], fast=False)
         assert cfg.optimized_metric == "val/em5" and cfg.trainer.max_steps >= 1e4
-        assert cfg.hydra.runtime.choices.operator == cfg.paper_operator and cfg.task_name == name
+        assert cfg.hydra.runtime.choices.operator == cfg.paper_method and cfg.task_name == name
 
 
 @pytest.mark.parametrize("operator", FULL_P)
@@ -151,7 +151,7 @@ def test_row_with_another_operator_is_a_variant(compose_train):
     assert {"test/em", "test/em5"} <= set(metrics)
     rec = objects["results"]
     assert rec["paper"] is None and rec["config"]["paper"] is None
-    assert rec["variant_of"]["paper"]["method"] == "Cauchy CDF" and rec["variant_of"]["operator"] == "neuralsort"
+    assert rec["variant_of"]["paper"]["method"] == "Cauchy CDF" and rec["variant_of"]["method"] == "neuralsort"
     assert type(objects["operator"]).__name__ == "NeuralSort" and objects["operator"].beta == 0.5  # its own β
     assert rec["config"]["operator"] == OmegaConf.to_container(OmegaConf.load(CONFIGS / "operator" / "neuralsort.yaml"))
     assert rec["config"]["trainer"]["max_steps"] == 200000  # the rest of the row (its table's protocol) stays

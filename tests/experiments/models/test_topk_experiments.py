@@ -64,10 +64,10 @@ def test_every_table_cell_has_one_row_and_keys_match_one_reference_row_per_metri
         assert len(op) == 1, name
         op = op.pop()
         if op in ("softmax_ce", "smooth_topk"):
-            assert cfg.paper_operator is None and {"override /loss": op} in OmegaConf.to_container(cfg.defaults)
+            assert cfg.paper_method is None and {"override /loss": op} in OmegaConf.to_container(cfg.defaults)
         else:
-            assert {"override /operator": cfg.paper_operator} in OmegaConf.to_container(cfg.defaults), name
-            assert cfg.paper_operator == {"dsn": "difftopk_bitonic"}.get(op, op), name
+            assert {"override /operator": cfg.paper_method} in OmegaConf.to_container(cfg.defaults), name
+            assert cfg.paper_method == {"dsn": "difftopk_bitonic"}.get(op, op), name
         covered.update((r["table"], r["dataset"], r["model"], r["method"], r["pk"], r["metric"]) for r in rows)
     # every published number of Tables 1-6 but Table 5's literature rows belongs to one row
     published = {(r["table"], r["dataset"], r["model"], r["method"], r["pk"], r["metric"])
@@ -167,8 +167,8 @@ def test_imagenet_rows_compose(compose_train, name):
         pytest.skip(f"the protocol config {wanted} is not there yet (written beside these rows)")
     cfg = compose_train([f"experiment={name}"], fast=False)
     assert cfg.paper is not None and cfg.hydra.runtime.choices.experiment == name
-    if cfg.paper_operator:
-        assert cfg.hydra.runtime.choices.operator == cfg.paper_operator
+    if cfg.paper_method:
+        assert cfg.hydra.runtime.choices.operator == cfg.paper_method
 
 
 @pytest.fixture(scope="module")

@@ -47,7 +47,7 @@ def test_rows_carry_their_paper_keys():
         row = rows[0]
         algorithm = [d for d in cfg.defaults if not isinstance(d, str) and "override /algorithm" in d][0]
         chosen = algorithm["override /algorithm"]
-        assert cfg.paper_operator == chosen, name
+        assert cfg.paper_method == chosen, name
         if row["table"] == "2.2":
             assert chosen == ALGORITHM_OF_METHOD[row["method"]], name
         if row["table"] == "7.4":
@@ -79,8 +79,8 @@ def test_row_with_another_algorithm_is_a_variant(compose_train, warcraft_root):
     metrics, objects = train(compose_train(["experiment=warcraft/thesis_t7_4/for_l1", "algorithm=blackbox",
                                             "algorithm.lam=5", *_small(warcraft_root)]))
     rec = objects["results"]
-    assert rec["paper"] is None and rec["variant_of"]["paper_operator"] == "relaxed_bellman_ford"
-    assert rec["variant_of"]["operator"] == "blackbox" and rec["variant_of"]["paper"]["table"] == "7.4"
+    assert rec["paper"] is None and rec["variant_of"]["paper_method"] == "relaxed_bellman_ford"
+    assert rec["variant_of"]["method"] == "blackbox" and rec["variant_of"]["paper"]["table"] == "7.4"
     assert rec["config"]["algorithm"]["lam"] == 5 and "loop" not in rec["config"]["algorithm"]
 
 
