@@ -45,26 +45,11 @@ from typing import Any
 
 import torch
 
+from diffrank.experiments.data.images import write_random_cifar100
 from diffrank.registry import config_dir
 
 PRECISIONS = ("32-true", "bf16-mixed")  # sorting --precision: Lightning's names
 STEPS_PER_EPOCH = (50000 - 2500) // 128  # whole batches per epoch (the loader drops the last partial one)
-
-
-def _write_cifar100(root: Path, n: int) -> None:
-    """``root/cifar-100-python/{train,test,meta}`` with random pixels (the official pickle layout)."""
-    import pickle
-
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    folder = root / "cifar-100-python"
-    folder.mkdir(parents=True, exist_ok=True)
-    for name in ("train", "test"):
-        split = {b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
-                 b"fine_labels": [int(v) for v in np.arange(n) % 100], b"coarse_labels": [0] * n}
-        (folder / name).write_bytes(pickle.dumps(split))
-    (folder / "meta").write_bytes(pickle.dumps({b"fine_label_names": [b"c"] * 100}))
 
 
 def _compose(overrides: list[str]) -> Any:
@@ -249,7 +234,8 @@ def _topk(a: argparse.Namespace) -> list[dict[str, Any]]:
                       f"embeddings/s ({r['s_per_step'] * 1e3:.0f} ms/step)", flush=True)
         return out
     with tempfile.TemporaryDirectory() as tmp:
-        _write_cifar100(Path(tmp), n=16 + a.batch * (a.steps + 1))
+        n = 16 + a.batch * (a.steps + 1)
+        write_random_cifar100(Path(tmp), n_train=n, n_test=n)
         for threads in a.threads:
             for row in a.rows:
                 r = measure_topk(row, threads, a.steps, a.batch, a.device, Path(tmp))

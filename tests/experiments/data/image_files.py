@@ -1,4 +1,5 @@
-"""Tiny MNIST / Fashion-MNIST (idx), CIFAR-10 and CIFAR-100 (pickle) files in the official on-disk formats."""
+"""Tiny MNIST / Fashion-MNIST (idx), CIFAR-10 and CIFAR-100 (pickle) files in the official on-disk formats (the
+CIFAR-100 writer is the framework's own, :func:`diffrank.experiments.data.images.write_random_cifar100`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import struct
 from pathlib import Path
 
 import numpy as np
+
+from diffrank.experiments.data.images import write_random_cifar100 as write_cifar100  # noqa: F401  (one writer)
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:
@@ -39,21 +42,3 @@ def write_cifar10(root: Path, per_batch: int = 60, n_test: int = 60, seed: int =
     meta = {b"label_names": [f"class{i}".encode() for i in range(10)], b"num_cases_per_batch": per_batch,
             b"num_vis": 3072}
     (folder / "batches.meta").write_bytes(pickle.dumps(meta))
-
-
-def write_cifar100(root: Path, n_train: int = 300, n_test: int = 60, seed: int = 0) -> None:
-    """``root/cifar-100-python/{train,test,meta}`` as in the official python archive: pickled dicts of byte keys,
-    ``data`` (N, 3072) uint8 in CHW order, ``fine_labels`` 0-99 and ``coarse_labels`` 0-19 as lists; ``meta``
-    with the label names."""
-    rng = np.random.default_rng(seed)
-    folder = root / "cifar-100-python"
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, n in (("train", n_train), ("test", n_test)):
-        fine = [int(v) for v in np.arange(n) % 100]
-        split = {b"filenames": [f"{i}.png".encode() for i in range(n)], b"batch_label": name.encode(),
-                 b"fine_labels": fine, b"coarse_labels": [v // 5 for v in fine],
-                 b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8)}
-        (folder / name).write_bytes(pickle.dumps(split))
-    meta = {b"fine_label_names": [f"fine{i}".encode() for i in range(100)],
-            b"coarse_label_names": [f"coarse{i}".encode() for i in range(20)]}
-    (folder / "meta").write_bytes(pickle.dumps(meta))

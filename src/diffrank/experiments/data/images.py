@@ -313,3 +313,25 @@ class ImageDataModule(L.LightningDataModule):
     def reference_dataloader(self) -> DataLoader:
         """The training split in file order: the set a kNN classifier searches."""
         return self._eval_loader("train")
+
+
+def write_random_cifar100(root: str | Path, n_train: int = 300, n_test: int = 60, seed: int = 0) -> Path:
+    """Random pixels in the official CIFAR-100 python layout, for throughput measurements and tests without the
+    real archive: ``root/cifar-100-python/{train,test,meta}``, pickled dicts of byte keys, ``data`` (N, 3072)
+    uint8 in CHW order, ``fine_labels`` 0-99 (cycling) and ``coarse_labels`` 0-19 as lists; ``meta`` with the
+    label names. Returns the folder. Raises OSError when ``root`` cannot be written."""
+    import pickle
+
+    rng = np.random.default_rng(seed)
+    folder = Path(root) / "cifar-100-python"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, n in (("train", n_train), ("test", n_test)):
+        fine = [int(v) for v in np.arange(n) % 100]
+        split = {b"filenames": [f"{i}.png".encode() for i in range(n)], b"batch_label": name.encode(),
+                 b"fine_labels": fine, b"coarse_labels": [v // 5 for v in fine],
+                 b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8)}
+        (folder / name).write_bytes(pickle.dumps(split))
+    meta = {b"fine_label_names": [f"fine{i}".encode() for i in range(100)],
+            b"coarse_label_names": [f"coarse{i}".encode() for i in range(20)]}
+    (folder / "meta").write_bytes(pickle.dumps(meta))
+    return folder
