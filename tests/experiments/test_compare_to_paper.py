@@ -34,6 +34,19 @@ def test_runs_of_another_budget_are_not_pooled(tmp_path):
         ("1000×100", 1, 10.0), ("200000×100", 2, 82.0)]
 
 
+def test_runs_in_another_precision_are_not_pooled(tmp_path):
+    _write(tmp_path, "fp32", CAUCHY5, {"test/em": 0.80})
+    d = tmp_path / "bf16"
+    d.mkdir()
+    (d / "results.json").write_text(json.dumps({
+        "paper": CAUCHY5, "metrics": {"test/em": 0.20}, "overrides": ["trainer.max_steps=1000",
+                                                                     "trainer.precision=bf16-mixed"],
+        "config": {"trainer": {"max_steps": 99}, "data": {"batch_size": 20}}}))
+    lines = [ln for ln in report.collect([tmp_path])["tables"][("petersen_thesis_2022", "3.7")]
+             if ln["metric"] == "EM" and ln["runs"]]
+    assert sorted((ln["budget"], ln["mean"]) for ln in lines) == [("1000×20", 80.0), ("1000×20 bf16-mixed", 20.0)]
+
+
 def test_reference_tables_load_and_match():
     names = reference.table_names()
     assert "sorting_thesis_table3_7" in names and "lapsum_icml2025_table4" in names and "topk_icml2022_table1" in names

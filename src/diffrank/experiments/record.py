@@ -229,7 +229,7 @@ class RunRecord:
             if rec.optimizer_steps is None:
                 rec.optimizer_steps = rec.global_step
             if rec.global_batch is None:
-                batch = rec._planned("data.batch_size", ("data", "batch_size"))
+                batch = rec.planned("data.batch_size", ("data", "batch_size"))
                 rec.global_batch = None if batch is None else int(batch)
             if isinstance(rec.variant_of, dict) and "paper_operator" in rec.variant_of:  # the key held algorithms too
                 v = dict(rec.variant_of)
@@ -260,7 +260,7 @@ class RunRecord:
         reader never sees half a file). Returns the path."""
         return write_atomic(path, json.dumps(self.to_dict(), indent=2, default=str))
 
-    def _planned(self, override: str, keys: tuple[str, ...]) -> Any:
+    def planned(self, override: str, keys: tuple[str, ...]) -> Any:
         """A planned setting: the command line's ``override`` if given, else the config's value at ``keys``."""
         for o in self.overrides:
             if o.lstrip("+~").split("=", 1)[0] == override and "=" in o:
@@ -274,7 +274,7 @@ class RunRecord:
     def steps(self) -> Any:
         """Optimizer steps taken, else the planned ``trainer.max_steps`` (None when neither is known)."""
         return self.optimizer_steps if self.optimizer_steps is not None \
-            else self._planned("trainer.max_steps", ("trainer", "max_steps"))
+            else self.planned("trainer.max_steps", ("trainer", "max_steps"))
 
     @property
     def optimized_metric(self) -> str | None:

@@ -79,10 +79,13 @@ def is_fraction(row: dict[str, str]) -> bool:
 
 def run_budget(run: dict[str, Any]) -> str:
     """``steps×batch`` of a run: optimizer steps actually taken and the global batch (summed over DDP ranks);
-    the fallbacks of older records are :meth:`RunRecord.from_dict`'s."""
+    the fallbacks of older records are :meth:`RunRecord.from_dict`'s. A run in another precision than float32
+    says so (``10000×4 bf16-mixed``): its numbers are not seeds of the float32 runs."""
     rec = RunRecord.from_dict(run)
     steps, batch = rec.steps, rec.global_batch
-    return f"{steps}×{batch}" if steps is not None and batch is not None else "?"
+    budget = f"{steps}×{batch}" if steps is not None and batch is not None else "?"
+    precision = str(rec.planned("trainer.precision", ("trainer", "precision")) or "32-true")
+    return budget if precision in ("32-true", "32", "32-bit") else f"{budget} {precision}"
 
 
 def collect(paths: Iterable[str | Path], metric_prefix: str = "test/") -> dict[str, Any]:
