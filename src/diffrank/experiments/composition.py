@@ -11,14 +11,13 @@ a *variant* of the row (``variant_of`` in results.json) and ``compare_to_paper``
 published numbers.
 
 **Used groups.** The ``operator`` and ``pk`` groups are read only through interpolation (``operator: ${operator}``,
-``p_k: ${pk}`` in a loss yaml). A group that no other node references (P_K in a sorting run, the operator with
+``p_k: ${pk}`` in a loss yaml). A group that the built loss does not hold (P_K in a sorting run, the operator with
 ``loss=softmax_ce``) is dropped from the config and from the recorded choices.
 """
 
 from __future__ import annotations
 
 import copy
-import re
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -88,19 +87,16 @@ def swap_operator(cfg: DictConfig, choices: dict[str, Any], overrides: list[str]
     return variant
 
 
-def _references(text: str, group: str) -> bool:
-    return re.search(r"\$\{" + re.escape(group) + r"[.}]", text) is not None
-
-
-def drop_unused_groups(cfg: DictConfig, choices: dict[str, Any]) -> dict[str, Any]:
-    """Set every group of :data:`INTERPOLATED_GROUPS` that no other node references to ``None`` (in place).
+def drop_unused_groups(cfg: DictConfig, choices: dict[str, Any], loss: Any) -> dict[str, Any]:
+    """Set every group of :data:`INTERPOLATED_GROUPS` that the built ``loss`` does not hold to ``None`` (in place):
+    ``operator`` unless the loss has an ``operator``, ``pk`` unless it has a ``p_k``. Those groups are read only
+    through the loss yaml's ``${operator}`` / ``${pk}``, so the built loss says what the run used.
 
     Returns:
         ``choices`` without those groups.
     """
-    tree = OmegaConf.to_container(cfg, resolve=False)
-    unused = [group for group in INTERPOLATED_GROUPS if tree.get(group) is not None
-              and not _references(repr({k: v for k, v in tree.items() if k not in (group, "hydra")}), group)]
+    held = {"operator": getattr(loss, "operator", None), "pk": getattr(loss, "p_k", None)}
+    unused = [group for group in INTERPOLATED_GROUPS if held[group] is None and cfg.get(group) is not None]
     with open_dict(cfg):
         for group in unused:
             cfg[group] = None
@@ -131,7 +127,7 @@ def prepare(cfg: DictConfig, choices: dict[str, Any], overrides: list[str]) -> t
         raise ValueError(f"no optimized_metric: model={model} sets none. Add 'optimized_metric: val/<metric>' to "
                          f"configs/model/{model}.yaml, or pass optimized_metric=val/<metric>")
     variant = swap_operator(cfg, choices, overrides)
-    return cfg, {"choices": drop_unused_groups(cfg, choices), "variant_of": variant}
+    return cfg, {"choices": dict(choices), "variant_of": variant}
 
 
 def check_model_fits_data(cfg: DictConfig, choices: dict[str, Any]) -> None:

@@ -26,7 +26,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from diffrank.experiments.callbacks import ResumeState
-from diffrank.experiments.composition import check_model_fits_data, prepare
+from diffrank.experiments.composition import check_model_fits_data, drop_unused_groups, prepare
 from diffrank.experiments.fit import fit_and_test
 from diffrank.experiments.instantiate import instantiate
 from diffrank.experiments.malloc import keep_freed_memory
@@ -155,6 +155,7 @@ def build(cfg: DictConfig, info: dict[str, Any]) -> Built:
         L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data)
     loss = instantiate(cfg.loss)  # its yaml interpolates what it needs: operator: ${operator}, p_k: ${pk}
+    used["choices"] = drop_unused_groups(cfg, used["choices"], loss)
     check_model_fits_data(cfg, info["choices"])
     model = instantiate(cfg.model, loss=loss)
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
