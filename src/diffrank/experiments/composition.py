@@ -89,7 +89,8 @@ def swap_operator(cfg: DictConfig, choices: dict[str, Any], overrides: list[str]
 
 def drop_unused_groups(cfg: DictConfig, choices: dict[str, Any], loss: Any) -> dict[str, Any]:
     """Set every group of :data:`INTERPOLATED_GROUPS` that the built ``loss`` does not hold to ``None`` (in place):
-    ``operator`` unless the loss has an ``operator``, ``pk`` unless it has a ``p_k``. Those groups are read only
+    ``operator`` unless the loss has an ``operator``, ``pk`` unless it has a ``p_k``; without a loss (``None``: the
+    model brings its own) the ``loss`` choice is dropped too. Those groups are read only
     through the loss yaml's ``${operator}`` / ``${pk}``, so the built loss says what the run used.
 
     Returns:
@@ -100,6 +101,8 @@ def drop_unused_groups(cfg: DictConfig, choices: dict[str, Any], loss: Any) -> d
     with open_dict(cfg):
         for group in unused:
             cfg[group] = None
+    if loss is None:  # the model brings its own (model.algorithm): the loss group's choice names nothing it ran
+        unused.append("loss")
     return {k: v for k, v in choices.items() if k not in unused}
 
 
@@ -120,7 +123,7 @@ def prepare(cfg: DictConfig, choices: dict[str, Any], overrides: list[str]) -> t
     """
     cfg = copy.deepcopy(cfg)
     model = choices.get("model", "<model>")
-    if cfg.get("loss") is None:
+    if cfg.get("loss") is None and "algorithm" not in (cfg.get("model") or {}):
         raise ValueError(f"no loss: model={model} brings none. Add '- /loss: <name>' to the defaults of "
                          f"configs/model/{model}.yaml, or choose one with +loss=<name>")
     if OmegaConf.is_missing(cfg, "optimized_metric"):

@@ -154,10 +154,12 @@ def build(cfg: DictConfig, info: dict[str, Any]) -> Built:
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data)
-    loss = instantiate(cfg.loss)  # its yaml interpolates what it needs: operator: ${operator}, p_k: ${pk}
+    # the loss yaml interpolates what it needs (operator: ${operator}, p_k: ${pk}); a model that brings its own
+    # loss (model.algorithm: the Warcraft protocol) has none
+    loss = instantiate(cfg.loss) if cfg.get("loss") is not None else None
     used["choices"] = drop_unused_groups(cfg, used["choices"], loss)
     check_model_fits_data(cfg, info["choices"])
-    model = instantiate(cfg.model, loss=loss)
+    model = instantiate(cfg.model, **({} if loss is None else {"loss": loss}))
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
     if cfg.trainer.get("enable_progress_bar") is False:  # Lightning refuses a progress-bar callback then
         callbacks = [c for c in callbacks if not isinstance(c, L.pytorch.callbacks.ProgressBar)]

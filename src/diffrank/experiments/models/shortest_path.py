@@ -66,9 +66,8 @@ class ShortestPathModule(ConfiguredModule):
 
     Args:
         net: ``(B, 3, H, W) -> (B, k, k)`` costs (:class:`CombResNet18`).
-        loss: the algorithm: an object with ``loss(costs (B, k, k), true_paths (B, k, k)) -> scalar`` and a
-            ``name`` (``configs/algorithm/*.yaml``; ``train.py`` passes the built ``loss`` node, which the
-            model config points at ``${algorithm}``).
+        algorithm: an object with ``loss(costs (B, k, k), true_paths (B, k, k)) -> scalar`` and a ``name``
+            (``configs/algorithm/*.yaml``; the model config points ``model.algorithm`` at ``${algorithm}``).
         optimizer: partial ``optimizer(params)`` (Adam 5e-4).
         scheduler: optional partial ``scheduler(optimizer)``, stepped every epoch (MultiStepLR [30, 40] x 0.1).
         compile: ``torch.compile`` the net at fit time.
@@ -82,15 +81,15 @@ class ShortestPathModule(ConfiguredModule):
 
     scheduler_interval = "epoch"
 
-    def __init__(self, net: nn.Module, loss: Any, optimizer: Any, scheduler: Any = None,
+    def __init__(self, net: nn.Module, algorithm: Any, optimizer: Any, scheduler: Any = None,
                  compile: bool = False) -> None:
         super().__init__()
-        if not callable(getattr(loss, "loss", None)):
-            raise ValueError(f"loss must be an algorithm object with a loss(costs, true_paths) method, got "
-                             f"{type(loss).__name__}")
-        self.save_hyperparameters(logger=False, ignore=["net", "loss"])
+        if not callable(getattr(algorithm, "loss", None)):
+            raise ValueError(f"algorithm must be an object with a loss(costs, true_paths) method, got "
+                             f"{type(algorithm).__name__}")
+        self.save_hyperparameters(logger=False, ignore=["net", "algorithm"])
         self.net = net
-        self.algorithm = loss
+        self.algorithm = algorithm
         self.metrics = nn.ModuleDict({
             f"{stage}_{name}": cls() for stage in ("val", "test")
             for name, cls in (("em_path", PathExactMatch), ("cost_ratio", CostRatio))
