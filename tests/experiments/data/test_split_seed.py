@@ -12,7 +12,8 @@ import torch
 
 from conftest import options
 from diffrank.experiments.data.digits import DigitsDataModule
-from diffrank.experiments.data.mnist_sort import EpochBatchSampler, MultiDigitSortDataModule
+from diffrank.experiments.data.mnist_sort import MultiDigitSortDataModule
+from diffrank.experiments.data.samplers import EpochSampler
 
 PAIRS = dict(pairs=True, n_train=256, n_val=64, n_test=64, batch_size=32)
 
@@ -59,21 +60,38 @@ def test_training_order_is_a_function_of_seed_and_epoch():
 
 
 def test_samplers_read_the_epoch_when_iteration_starts_and_skip_ahead():
-    from diffrank.experiments.data.digits import EpochShuffleSampler
-
-    s = EpochShuffleSampler(10, seed=0)
+    s = EpochSampler(10, seed=0)
     it = iter(s)  # Lightning creates the iterator, then sets the epoch
     s.set_epoch(3)
     assert list(it) == s.permutation(3).tolist()
     s.set_start(4)
     assert list(s) == s.permutation(3)[4:].tolist()
     assert list(s) == s.permutation(3).tolist()  # the skip applies to one pass only
-    b = EpochBatchSampler(5)
+    b = EpochSampler(5, keys=True)
     it = iter(b)
     b.set_epoch(2)
     assert list(it) == [(2, i) for i in range(5)]
     b.set_start(3)
     assert list(b) == [(2, 3), (2, 4)] and len(b) == 5
+
+
+def test_one_sampler_keeps_each_data_module_s_order():
+    """The orders of the three samplers it replaced: digits (stream 1, items), Warcraft (stream 3, index batches,
+    the last one smaller; in order without a seed)."""
+    import numpy as np
+
+    s = EpochSampler(10, seed=7, stream=1)
+    s.set_epoch(2)
+    assert list(s) == np.random.default_rng([7, 1, 2]).permutation(10).tolist()
+    w = EpochSampler(10, seed=7, stream=3, batch_size=4)
+    w.set_epoch(1)
+    perm = np.random.default_rng([7, 3, 1]).permutation(10)
+    assert [b.tolist() for b in w] == [perm[:4].tolist(), perm[4:8].tolist(), perm[8:].tolist()] and len(w) == 3
+    w.set_start(2)  # a resumed pass skips whole yields
+    assert [b.tolist() for b in w] == [perm[8:].tolist()]
+    assert [b.tolist() for b in EpochSampler(5, None, batch_size=2)] == [[0, 1], [2, 3], [4]]
+    with pytest.raises(ValueError, match="keys"):
+        EpochSampler(5, keys=True, batch_size=2)
 
 
 def test_digits_sort_evaluation_sets_fixed_across_seeds():

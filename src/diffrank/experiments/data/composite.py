@@ -13,7 +13,7 @@ a training pool and a validation pool (``val_size`` images, seeded by ``split_se
 official test file; composites are drawn only within a pool, so no source image appears in two splits.
 Composites are class-balanced (every composite label equally often, ±1) and a pure function of
 ``split_seed``; ``seed`` only orders the training batches
-(:class:`~diffrank.experiments.data.digits.EpochShuffleSampler`).
+(:class:`~diffrank.experiments.data.samplers.EpochSampler`).
 
 Images are normalised per source (the mean / std of :data:`diffrank.experiments.data.images.IMAGE_SETS`) and optionally
 downscaled by an integer factor (mean pooling) to keep one training run cheap on a CPU thread. Offline a missing
@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from diffrank.experiments.data.digits import EpochShuffleSampler
 from diffrank.experiments.data.images import IMAGE_SETS, load_image_arrays
+from diffrank.experiments.data.samplers import EpochSampler
 
 SPLITS = ("train", "val", "test")
 
@@ -245,7 +245,7 @@ class CompositeImageDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         """Shuffled training batches (order from ``(seed, epoch)``; the last partial batch dropped)."""
         ds = self.splits["train"]
-        return DataLoader(ds, batch_size=self.batch_size, sampler=EpochShuffleSampler(len(ds), self.seed),
+        return DataLoader(ds, batch_size=self.batch_size, sampler=EpochSampler(len(ds), self.seed, stream=1),
                           drop_last=True, num_workers=self.num_workers,
                           generator=torch.Generator().manual_seed(self.seed))
 

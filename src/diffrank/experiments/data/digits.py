@@ -8,7 +8,8 @@
 
 Seeds: ``split_seed`` fixes the data (the split and the composed pairs): fixed by default, as the
 papers' splits are, so that a sweep over ``seed`` measures training variance only. ``seed`` drives the
-order of the training batches (:class:`EpochShuffleSampler`, a pure function of ``(seed, epoch)``).
+order of the training batches (:class:`~diffrank.experiments.data.samplers.EpochSampler`, a pure function of
+``(seed, epoch)``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from __future__ import annotations
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Sampler, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
+
+from diffrank.experiments.data.samplers import EpochSampler
 
 
 def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
@@ -65,36 +68,6 @@ def compose_pairs(images: np.ndarray, labels: np.ndarray, count: int, seed: int)
     left = np.array([rng.choice(by_class[c]) for c in y // 10])
     right = np.array([rng.choice(by_class[c]) for c in y % 10])
     return np.concatenate([images[left], images[right]], axis=2), y.astype(np.int64)
-
-
-class EpochShuffleSampler(Sampler[int]):
-    """A permutation of ``range(n)`` that is a pure function of ``(seed, epoch)``.
-
-    Lightning calls :meth:`set_epoch` before every epoch; the permutation is drawn when iteration starts.
-    :meth:`set_start` makes the next pass skip its first items (a resumed run continues mid-epoch).
-    """
-
-    def __init__(self, n: int, seed: int) -> None:
-        self.n, self.seed, self.epoch, self.start = int(n), int(seed), 0, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        """The epoch whose permutation the next pass yields."""
-        self.epoch = int(epoch)
-
-    def set_start(self, start: int) -> None:
-        """Skip the first ``start`` items of the next pass only."""
-        self.start = int(start)
-
-    def permutation(self, epoch: int) -> np.ndarray:
-        """The order of epoch ``epoch``."""
-        return np.random.default_rng([self.seed, 1, int(epoch)]).permutation(self.n)
-
-    def __iter__(self):
-        start, self.start = self.start, 0
-        yield from self.permutation(self.epoch)[start:].tolist()
-
-    def __len__(self) -> int:
-        return self.n
 
 
 class DigitsDataModule(L.LightningDataModule):
@@ -162,7 +135,7 @@ class DigitsDataModule(L.LightningDataModule):
         # the order is a pure function of (seed, epoch); the loader's own generator keeps iterator creation
         # from drawing on torch's global generator (which a resumed run restores)
         return DataLoader(self.splits[name], batch_size=self.batch_size, num_workers=self.num_workers,
-                          sampler=EpochShuffleSampler(len(self.splits[name]), self.seed), drop_last=True,
+                          sampler=EpochSampler(len(self.splits[name]), self.seed, stream=1), drop_last=True,
                           generator=torch.Generator().manual_seed(self.seed))
 
     def train_dataloader(self) -> DataLoader:

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from diffrank.experiments.data.digits import EpochShuffleSampler
+from diffrank.experiments.data.samplers import EpochSampler
 
 INDEX = "index.json"
 DTYPES = ("float16", "float32")
@@ -313,12 +313,12 @@ class EmbeddingRows(Dataset):
         return x, self.labels[torch.from_numpy(pos)]
 
 
-class SortedBatchSampler(EpochShuffleSampler):
+class SortedBatchSampler(EpochSampler):
     """A seeded permutation per epoch, cut into whole batches, each batch's positions sorted.
 
     Sorting within a batch changes no loss (a batch is a set) but turns a batch of random memmap reads into one
     forward pass over the file. The order is a pure function of ``(seed, epoch)``; ``set_start`` (exact resume)
-    skips items of the next pass, as :class:`~diffrank.experiments.data.digits.EpochShuffleSampler`.
+    skips items of the next pass, as :class:`~diffrank.experiments.data.samplers.EpochSampler`.
 
     Raises:
         ValueError: ``batch_size`` outside ``[1, n]``.

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from diffrank.experiments.data.digits import EpochShuffleSampler
+from diffrank.experiments.data.samplers import EpochSampler
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,7 @@ def random_crop_flip(images: Tensor, seed: Sequence[int], padding: int = 4) -> T
     return crop_flip(images, offsets, flips, padding)
 
 
-class MultiPassSampler(EpochShuffleSampler):
+class MultiPassSampler(EpochSampler):
     """``passes`` independent permutations per epoch, each cut to whole batches, from ``(seed, epoch)``.
 
     With batches of queries + templates (the kNN protocol) two passes give each image one turn as a query and

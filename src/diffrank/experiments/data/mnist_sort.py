@@ -31,7 +31,6 @@ draws (the host path's numbers are unchanged). Evaluation collections are always
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -39,7 +38,9 @@ import lightning as L
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset
+
+from diffrank.experiments.data.samplers import EpochSampler
 
 MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
                "t10k-labels-idx1-ubyte")
@@ -215,35 +216,6 @@ class ResidentSetBatches(Dataset):
         return pool.compose(pool.draw_tensor(gen, self.batch_size, self.n, self.digits))
 
 
-class EpochBatchSampler(Sampler):
-    """Yields ``(epoch, i)`` for i < length; Lightning calls :meth:`set_epoch` before each epoch.
-
-    The epoch is read when iteration starts (a resumed run creates its iterator before Lightning sets the
-    epoch); :meth:`set_start` makes the next pass begin at batch ``start`` (resuming mid-epoch).
-    """
-
-    def __init__(self, length: int) -> None:
-        self.length = int(length)
-        self.epoch = 0
-        self.start = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        """Make the next pass draw new sets."""
-        self.epoch = int(epoch)
-
-    def set_start(self, start: int) -> None:
-        """Skip the first ``start`` batches of the next pass only."""
-        self.start = int(start)
-
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        start, self.start = self.start, 0
-        for i in range(start, self.length):
-            yield (self.epoch, i)
-
-    def __len__(self) -> int:
-        return self.length
-
-
 class RandomSetBatches(Dataset):
     """Training batches drawn afresh: item ``(epoch, i)`` = one batch ``(images (B, n, 1, H, W'), values (B, n))``.
 
@@ -402,7 +374,7 @@ class MultiDigitSortDataModule(L.LightningDataModule):
         :meth:`resident`, one :class:`SetKey` per step instead, composed in :meth:`transfer_batch_to_device`."""
         ds = self._resident_batches() if self.resident() else self.datasets["train"]
         # own generator: creating the iterator does not draw on torch's global generator (restored on resume)
-        return DataLoader(ds, batch_size=None, sampler=EpochBatchSampler(len(ds)), num_workers=self.num_workers,
+        return DataLoader(ds, batch_size=None, sampler=EpochSampler(len(ds), keys=True), num_workers=self.num_workers,
                           persistent_workers=self.num_workers > 0, generator=torch.Generator().manual_seed(self.seed))
 
     def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from diffrank.experiments.data.mnist_sort import EpochBatchSampler
+from diffrank.experiments.data.samplers import EpochSampler
 
 SVHN_FILES = {split: f"svhn-multi-digit-3x64x64_{split}.p" for split in ("train", "val", "test")}
 # md5 of the official files (``diffsort``'s dataset class), checked with ``check_md5=true``
@@ -212,7 +212,7 @@ class SVHNSortDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         """One batch of sets per step, a new shuffle per epoch."""
         ds = self.datasets["train"]
-        return DataLoader(ds, batch_size=None, sampler=EpochBatchSampler(len(ds)), num_workers=self.num_workers,
+        return DataLoader(ds, batch_size=None, sampler=EpochSampler(len(ds), keys=True), num_workers=self.num_workers,
                           persistent_workers=self.num_workers > 0, generator=torch.Generator().manual_seed(self.seed))
 
     def val_dataloader(self) -> DataLoader:

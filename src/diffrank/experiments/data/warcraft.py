@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -34,9 +32,10 @@ import lightning as L
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset
 
 from diffrank.experiments.data.mnist_sort import parse_device_resident
+from diffrank.experiments.data.samplers import EpochSampler
 
 REAL_ROOT = "warcraft_shortest_path_oneskin"
 SYNTHETIC_ROOT = "warcraft_like_synthetic"
@@ -218,31 +217,6 @@ def compose(maps: Tensor, weights: Tensor, paths: Tensor, mean: Tensor, std: Ten
     return (x - mean) / std, weights.float(), paths.float()
 
 
-class ShuffledBatches(Sampler):
-    """Index batches of a shuffled split: the permutation is a pure function of ``(seed, epoch)``.
-
-    Lightning calls :meth:`set_epoch` before every epoch, so a resumed run sees the same order; the last
-    batch may be smaller (as the reference's loader, no ``drop_last``).
-    """
-
-    def __init__(self, length: int, batch_size: int, seed: int, shuffle: bool = True) -> None:
-        self.length, self.batch_size, self.seed, self.shuffle = int(length), int(batch_size), int(seed), shuffle
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        """Draw the next pass's order from ``(seed, epoch)``."""
-        self.epoch = int(epoch)
-
-    def __iter__(self) -> Iterator[np.ndarray]:
-        order = (np.random.default_rng([self.seed, 3, self.epoch]).permutation(self.length) if self.shuffle
-                 else np.arange(self.length))
-        for i in range(0, self.length, self.batch_size):
-            yield order[i : i + self.batch_size]
-
-    def __len__(self) -> int:
-        return math.ceil(self.length / self.batch_size)
-
-
 class _ResidentKeys(Dataset):
     def __init__(self, split: str, length: int) -> None:
         self.split, self.length = split, length
@@ -347,7 +321,8 @@ class WarcraftDataModule(L.LightningDataModule):
 
     def _loader(self, split: str, batch_size: int, shuffle: bool) -> DataLoader:
         ds = self.datasets[split]
-        sampler = ShuffledBatches(len(ds), batch_size, self.seed, shuffle)
+        # shuffled from (seed, epoch); the last batch may be smaller (the reference's loader: no drop_last)
+        sampler = EpochSampler(len(ds), self.seed if shuffle else None, stream=3, batch_size=batch_size)
         source = _ResidentKeys(split, len(ds)) if self.resident() else ds
         return DataLoader(source, batch_size=None, sampler=sampler, num_workers=self.num_workers,
                           persistent_workers=self.num_workers > 0 and shuffle)
