@@ -13,7 +13,7 @@
   configuration as one W&B run of job type ``sweep`` in the sweep's group.
 
 Hydra calls ``on_multirun_end`` only when every job succeeded (a failed job makes the sweeper raise); then
-``python scripts/sweep_report.py SWEEP_DIR`` writes the same files.
+``python -m diffrank.experiments.sweeps SWEEP_DIR`` writes the same files.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class SweepSummary(Callback):
         try:
             summary = summarize(sweep_dir, self.metric, self.mode)
         except Exception:  # a summary must never turn a finished sweep into a failed command
-            log.exception("sweep summary of %s failed; run scripts/sweep_report.py %s", sweep_dir, sweep_dir)
+            log.exception("sweep summary of %s failed; run python -m diffrank.experiments.sweeps %s", sweep_dir, sweep_dir)
             return
         report = format_report(summary)
         log.info("%s", report)
