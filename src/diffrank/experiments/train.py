@@ -211,7 +211,7 @@ def make_record(built: Built, done: dict[str, Any], metrics: dict[str, float], w
         status="done", task_name=cfg.get("task_name"), paper=built.paper, variant_of=built.used["variant_of"],
         metrics=metrics, choices=built.used["choices"], overrides=info["overrides"], seed=cfg.get("seed"),
         split_seed=cfg.data.get("split_seed") if cfg.get("data") else None,
-        # generated stand-ins for unavailable data (python -m diffrank.experiments.data.warcraft_like) say so in every record
+        # generated stand-ins for unavailable data (diffrank.experiments.data.warcraft_like) say so in every record
         synthetic_data=bool(getattr(built.datamodule, "synthetic", False)),
         synthetic_info=getattr(built.datamodule, "synthetic_info", None),
         global_step=global_step, optimizer_steps=steps, world_size=world_size, per_device_batch=per_device,

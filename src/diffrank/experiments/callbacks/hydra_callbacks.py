@@ -86,7 +86,8 @@ class SweepSummary(Callback):
         try:
             summary = summarize(sweep_dir, self.metric, self.mode)
         except Exception:  # a summary must never turn a finished sweep into a failed command
-            log.exception("sweep summary of %s failed; run python -m diffrank.experiments.sweeps %s", sweep_dir, sweep_dir)
+            log.exception("sweep summary of %s failed; run python -m diffrank.experiments.sweeps %s", sweep_dir,
+                          sweep_dir)
             return
         report = format_report(summary)
         log.info("%s", report)
