@@ -243,3 +243,16 @@ def test_half_precision_is_the_float32_result_cast_back(name, dtype):
         out = fn(s)
         assert out.dtype == dtype and torch.isfinite(out.float()).all(), cap
         assert torch.equal(out, fn(s.float()).to(dtype)), f"{name} {cap}"
+
+
+def test_integer_like_k_and_non_numeric_beta():
+    """k as numpy.int64 (what an index into a numpy array gives) is an integer; beta='abc' names beta."""
+    import numpy as np
+
+    op = load("neuralsort")
+    s = torch.randn(2, 5)
+    torch.testing.assert_close(op.topk_membership(s, [np.int64(2)]), op.topk_membership(s, [2]))
+    with pytest.raises(TypeError, match="k must be an integer"):
+        op.topk_membership(s, [np.float64(2.0)])
+    with pytest.raises(ValueError, match="beta .* got 'abc'"):
+        load("neuralsort", beta="abc")

@@ -24,6 +24,7 @@ cannot serve them, with a message naming what is missing.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -99,7 +100,8 @@ def check_k(k: int, n: int) -> int:
     """Validate a top-k size against the number of items.
 
     Args:
-        k: number of top ranks, an ``int`` (``bool`` is rejected).
+        k: number of top ranks: an integer (``int``, an integer-like such as ``numpy.int64``, or a 0-dim integer
+            tensor; ``bool`` is rejected).
         n: number of items.
 
     Returns:
@@ -109,7 +111,7 @@ def check_k(k: int, n: int) -> int:
         TypeError: if ``k`` is not an integer.
         ValueError: if ``k < 1`` or ``k > n``.
     """
-    if isinstance(k, bool) or not isinstance(k, (int, torch.SymInt)) and not (
+    if isinstance(k, bool) or not isinstance(k, (numbers.Integral, torch.SymInt)) and not (
         isinstance(k, Tensor) and k.dim() == 0 and not k.is_floating_point()
     ):
         raise TypeError(f"k must be an integer, got {k!r}")
@@ -120,8 +122,12 @@ def check_k(k: int, n: int) -> int:
 
 
 def check_beta(beta: float) -> float:
-    """Validate an inverse temperature β > 0 (finite). Raises ``ValueError`` otherwise."""
-    beta = float(beta)
+    """Validate an inverse temperature β > 0 (finite). Raises ``ValueError`` otherwise (also for a value that
+    is not a number, e.g. ``operator.beta=abc`` on the command line)."""
+    try:
+        beta = float(beta)
+    except (TypeError, ValueError):
+        raise ValueError(f"beta (inverse temperature) must be a finite positive number, got {beta!r}") from None
     if not math.isfinite(beta) or beta <= 0:
         raise ValueError(f"beta (inverse temperature) must be a finite positive number, got {beta}")
     return beta
