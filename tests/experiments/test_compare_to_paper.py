@@ -136,3 +136,15 @@ def test_budget_uses_the_global_batch_and_optimizer_steps_of_ddp_runs(tmp_path):
     result = report.collect_runs([(tmp_path / "r" / "results.json", record)])
     em = next(ln for ln in result["tables"][("petersen_thesis_2022", "3.7")] if ln["metric"] == "EM")
     assert em["budget"] == "57×64" and em["mean"] == pytest.approx(70.0)
+
+
+def test_bad_records_are_skipped_with_a_warning(tmp_path, capsys):
+    _write(tmp_path, "good", CAUCHY5, {"test/em": 0.80})
+    _write(tmp_path, "text", CAUCHY5, {"test/em": "n/a"})
+    (tmp_path / "list").mkdir()
+    (tmp_path / "list" / "results.json").write_text("[1, 2]")
+    result = report.collect([tmp_path])
+    (line,) = [ln for ln in result["tables"][("petersen_thesis_2022", "3.7")] if ln["metric"] == "EM" and ln["runs"]]
+    assert line["ours"] == [80.0]
+    err = capsys.readouterr().err
+    assert "text/results.json: metric test/em = 'n/a' is not a number" in err and "list/results.json" in err

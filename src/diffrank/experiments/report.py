@@ -145,8 +145,7 @@ def collect_runs(records: Iterable[tuple[str | Path, dict[str, Any]]], metric_pr
         for row in rows:
             name = metric_prefix + row["metric"].lower()
             scale = 1.0 if is_fraction(row) else 100.0
-            ours = [scale * float(r["metrics"][name]) for _, r in members
-                    if isinstance(r.get("metrics"), dict) and name in r["metrics"]]
+            ours = [scale * v for v in (_metric(path, r, name) for path, r in members) if v is not None]
             try:
                 paper_value = float(row["value"])
             except ValueError:
@@ -165,6 +164,17 @@ def collect_runs(records: Iterable[tuple[str | Path, dict[str, Any]]], metric_pr
     for lines in tables.values():
         lines.sort(key=lambda ln: tuple(_sort_value(ln["row"].get(c, "")) for c in (*LABEL_COLUMNS, "metric")))
     return {"tables": dict(sorted(tables.items())), "unmatched": unmatched, "skipped": skipped, "runs": runs}
+
+
+def _metric(path: str | Path, run: dict[str, Any], name: str) -> float | None:
+    """``run``'s metric ``name`` as a float; None when absent, or (with a warning naming the file) not a number."""
+    value = (run.get("metrics") or {}).get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        print(f"warning: {path}: metric {name} = {value!r} is not a number; left out", file=sys.stderr)
+        return None
+    return float(value)
 
 
 def _beta(run: dict[str, Any]) -> float | None:
