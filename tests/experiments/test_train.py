@@ -143,3 +143,15 @@ def test_sorting_data_without_files_names_them(compose_train, tmp_path):
 def test_model_and_data_that_do_not_fit_name_the_fix(compose_train):
     with pytest.raises(ValueError, match=r"model=classifier does not fit data=digits_sort.*model=sorting"):
         train(compose_train(["data=digits_sort"]))
+
+
+def test_run_that_never_validates_fails_and_says_why(compose_train, tmp_path):
+    """trainer.max_steps=2 ends before the first validation: a clear KeyError and a "failed" record, not "done"."""
+    from diffrank.experiments.record import RunRecord
+    from diffrank.experiments.train import run
+
+    cfg = compose_train(["trainer.max_steps=2", "trainer.enable_progress_bar=false", *SMALL], fast=False)
+    with pytest.raises(KeyError, match="ended before its first validation"):
+        run(cfg)
+    rec = RunRecord.read(tmp_path / "results.json")
+    assert rec.status == "failed" and "first validation" in rec.error

@@ -256,6 +256,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     try:
         done = run_fit(built)
         metrics = {k: to_float(v) for k, v in {**done["fit"], **done["eval"], **done["test"]}.items()}
+        _check_selection_metric(built, metrics)  # before a "done" record: a run without it did not finish
         objects = built.objects
         if built.trainer.is_global_zero:
             record = make_record(built, done, metrics, time.time() - t0)
@@ -267,6 +268,24 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     finally:
         _finish_wandb(built.loggers)
     return metrics, objects
+
+
+def _check_selection_metric(built: Built, metrics: dict[str, float]) -> None:
+    """A training run must have logged its ``optimized_metric`` (the checkpoint selection and the sweepers read it).
+
+    Raises:
+        KeyError: it did not; the message says when validation would have run and how long the run was.
+    """
+    name = built.cfg.get("optimized_metric")
+    if not name or name in metrics or not built.cfg.get("train", True):  # an evaluation need not log it
+        return
+    t = built.cfg.trainer
+    every = (f"every {t.get('val_check_interval')} steps" if t.get("check_val_every_n_epoch") is None
+             else f"every {t.get('check_val_every_n_epoch')} epoch(s)")
+    raise KeyError(f"optimized_metric '{name}' was not logged: the run took {built.trainer.global_step} steps "
+                   f"({built.trainer.current_epoch} epochs) and validates {every}, so it ended before its first "
+                   f"validation; lengthen it (trainer.max_steps / max_epochs) or validate sooner "
+                   f"(trainer.val_check_interval). Logged: {sorted(metrics)}")
 
 
 def _wandb_kwargs(logger_cfg: DictConfig, cfg: DictConfig, choices: dict[str, Any], paper: Any,
@@ -405,7 +424,7 @@ def run(cfg: DictConfig) -> float | None:
     return ``cfg.optimized_metric`` for sweepers.
 
     Raises:
-        KeyError: if a training run did not log ``optimized_metric``.
+        KeyError: if a training run did not log ``optimized_metric`` (its ``results.json`` says ``failed``).
     """
     if cfg.get("extras") and cfg.extras.get("print_config"):
         log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=False))
@@ -424,8 +443,6 @@ def run(cfg: DictConfig) -> float | None:
     elif "results" in objects:
         log.info("wall time %.1f s; run folder %s", objects["results"]["wall_time_s"], objects["results"]["run_dir"])
     name = cfg.get("optimized_metric")
-    if name and name not in metrics and cfg.get("train", True):  # an evaluation need not log it
-        raise KeyError(f"optimized_metric '{name}' was not logged; logged: {sorted(metrics)}")
     return metrics.get(name) if name else None
 
 
