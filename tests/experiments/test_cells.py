@@ -43,3 +43,12 @@ def test_queue_skips_finished_and_counts(tmp_path, monkeypatch):
     counts = cells.run_queue(q, slots=2, threads=1, poll_s=0.05)
     assert counts == {"skipped": 1, "finished": 1, "failed": 1}
     assert (q[1].folder / "stdout.log").is_file()
+
+
+def test_command_line_dry_run(tmp_path, capsys):
+    RunRecord(status="done").write(tmp_path / "e" / "beta30_seed0" / "results.json")
+    assert cells.main(["e", "--grid", "operator.beta=30", "--seeds", "0,1", "--out", str(tmp_path), "--dry-run",
+                       "--", "paths.data_dir=D", "trainer.max_steps=5"]) == {"jobs": 2}
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("done") and out[1].startswith("new")
+    assert out[1].endswith("experiment=e operator.beta=30 seed=1 paths.data_dir=D trainer.max_steps=5")

@@ -110,9 +110,11 @@ def main(argv: list[str] | None = None) -> dict[str, int]:
     ap.add_argument("--threads", type=int, default=1, help="threads per job (default 1)")
     ap.add_argument("--out", type=Path, default=Path("outputs/cells"), help="root of the job folders")
     ap.add_argument("--dry-run", action="store_true", help="print the jobs and their state, run nothing")
-    ap.add_argument("overrides", nargs="*", help="more Hydra overrides for every job (after --)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)  # after --: Hydra overrides for every job
+    argv, overrides = argv[:cut], argv[cut + 1:]
     a = ap.parse_args(argv)
-    queue = jobs(a.experiment, [int(s) for s in a.seeds.split(",")], a.grid, a.overrides, a.out)
+    queue = jobs(a.experiment, [int(s) for s in a.seeds.split(",")], a.grid, overrides, a.out)
     if a.dry_run:
         for j in queue:
             state = "done" if j.done else ("resume" if j.resume_from else "new")
