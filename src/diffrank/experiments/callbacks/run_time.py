@@ -45,10 +45,12 @@ class RunTimeEstimate(L.Callback):
         self._val_t0: float | None = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Count the steps of this fit from here (a resumed run starts at its checkpoint's step)."""
         self._start_step = trainer.global_step
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        """Start the clock after ``warmup`` steps; after ``measure`` more, log the training estimate."""
         if self.step_s is not None or self._start_step is None:
             return
         done = trainer.global_step - self._start_step
@@ -61,11 +63,13 @@ class RunTimeEstimate(L.Callback):
             self._report(trainer)
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Time the first validation of the fit (not the sanity check)."""
         if not trainer.sanity_checking and self.val_s is None:
             _sync(trainer)
             self._val_t0 = time.perf_counter()
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Log the whole run's estimate once the first validation's time is known."""
         if not trainer.sanity_checking and self.val_s is None and self._val_t0 is not None:
             _sync(trainer)
             self.val_s = time.perf_counter() - self._val_t0
