@@ -69,6 +69,7 @@ class Row:
 
     @property
     def loss(self) -> str | None:
+        """The loss config this row's operator needs (None: the protocol's ``sort_bce``)."""
         return LOSS.get(self.operator)
 
 

@@ -107,6 +107,7 @@ def wandb_tags(cfg: Any, choices: dict[str, Any], extra: list[str] | None = None
     """Tags ``operator:<name>``, ``pk:<name>``, ``m:<m>``, ``beta:<β>``, ``dataset:<data>`` (those that apply),
     then ``extra`` (the config's ``tags``, the sweep). ``cfg`` is the composed run config (dict-like)."""
     def get(path: str) -> Any:
+        """The config value at a dotted ``path`` (None where a part is missing)."""
         node = cfg
         for part in path.split("."):
             node = node.get(part) if hasattr(node, "get") else None

@@ -67,6 +67,7 @@ def canonical_pk(weights: Iterable[float], length: int = 5) -> str:
     w += [0.0] * max(0, length - len(w))
 
     def fmt(v: float) -> str:
+        """A P_K weight as written in the paper's tables (``1``, ``.5``)."""
         if v.is_integer():
             return str(int(v))
         return f"{v:g}".lstrip("0") if 0 < v < 1 else f"{v:g}"

@@ -231,6 +231,7 @@ def best_configs(rows: list[dict[str, Any]], keys: list[str], metric: str, mode:
         return None
 
     def summary(key: tuple, members: list[dict[str, Any]]) -> dict[str, Any]:
+        """Mean, spread and count of ``metric`` over the seeds of one configuration."""
         vals = [float(m["metrics"][metric]) for m in members]
         return {"overrides": dict(key), "mean": statistics.fmean(vals),
                 "std": statistics.stdev(vals) if len(vals) > 1 else None, "n": len(vals),
@@ -325,6 +326,7 @@ class _NoAliasDumper(yaml.SafeDumper):
     """best.yaml repeats the best configuration under ``by``; written out twice, not as a YAML alias."""
 
     def ignore_aliases(self, data: Any) -> bool:
+        """Never write YAML anchors: ``best.yaml`` must read as plain overrides."""
         return True
 
 

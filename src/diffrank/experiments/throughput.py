@@ -150,6 +150,7 @@ def measure_head(row: str, threads: int, steps: int, batch: int, device: str) ->
     value = torch.zeros(())
 
     def step(i: int) -> None:
+        """One timed training step on batch ``i`` (forward, backward, optimizer step)."""
         nonlocal value
         sl = slice(i * batch, (i + 1) * batch)
         value = loss(head(x[sl]), y[sl])
@@ -189,6 +190,7 @@ def measure_topk(row: str, threads: int, steps: int, batch: int, device: str, da
     value = torch.zeros(())
 
     def step(i: int) -> None:
+        """One timed training step on batch ``i`` (forward, backward, optimizer step)."""
         nonlocal value
         _T.global_step = i
         x, y = dm.on_after_batch_transfer((batches[i][0].to(device), batches[i][1].to(device)), 0)

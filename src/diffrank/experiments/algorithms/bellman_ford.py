@@ -188,6 +188,7 @@ def relaxed_trace_back(pred: Tensor, steps: int, t_conorm_kind: str = "probabili
         return path.clamp(0.0, 1.0)  # a + b - ab may exceed 1 by an ulp
 
     def go_on(path_now: Tensor) -> Tensor:  # P[the loop runs once more], (B, 1, 1)
+        """Probability that the relaxed while loop runs once more: ``(B, 1, 1)``, from the start cell's path mass."""
         return torch.sigmoid(while_beta * (0.5 - path_now[:, :1, :1]))
 
     # Eq. 2.12: Σ_i P[exactly i iterations]·state_i, the rest of the probability on the last state

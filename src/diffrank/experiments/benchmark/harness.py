@@ -116,6 +116,7 @@ def fwd_bwd(op: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> Call
     g_cache: dict = {}
 
     def run() -> None:
+        """One timed forward + backward of the operator on a fresh leaf copy of the scores."""
         xx = x.detach().requires_grad_(True)
         out = op(xx)
         if "g" not in g_cache:

@@ -100,9 +100,11 @@ def run(args) -> list[tuple[str, list[dict]]]:
         kk = min(k, n)
         x = torch.randn(B, n, device=dev)
         def fn_bit(s, kk=kk):
+            """Top-``kk`` rows of the bitonic top-k network for scores ``s`` ``(B, n)``."""
             return ours_bit(s, k=kk)
 
         def fn_ssn(s, kk=kk):
+            """Top-``kk`` rows of the splitter selection network for scores ``s`` ``(B, n)``."""
             return ours_ssn.topk_rows(s, kk)
 
         fn_bit(x), fn_ssn(x)  # build and cache the networks outside the measurement, like the peers'
