@@ -219,7 +219,7 @@ class CompositeImageDataModule(L.LightningDataModule):
         tx, ty = load_image_arrays(name, self.data_dir, train=False, download=self.download)
 
         def prep(images: Tensor) -> Tensor:
-            """uint8 images ``(N, 1, H, W)`` → float32 normalised with the source's mean / std, downscaled by ``factor``."""
+            """uint8 ``(N, 1, H, W)`` → float32 normalised by the source's mean / std, downscaled by ``factor``."""
             mean, std = spec.mean[0], spec.std[0]
             # a padded border takes the value of a black pixel, the items' own background
             return downscale((images.float() / 255 - mean) / std, self.factor, background=-mean / std)
