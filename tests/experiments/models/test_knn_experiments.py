@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 
 from conftest import CONFIGS, SHARED_DATA, options
 from diffrank import reference
+from diffrank.experiments.models.autoencoder import ConvAutoEncoder
 from diffrank.experiments.models.knn import KNNClassifier
 from diffrank.experiments.models.nets import CifarResNet18, PCAFeatures, TwoLayerConvNet
 from diffrank.experiments.train import train
@@ -21,7 +22,7 @@ PROTOCOLS = ["knn/mnist", "knn/fashion_mnist", "knn/cifar10"]
 ROWS = [e for e in CONFIGS_KNN if e not in PROTOCOLS]
 SAMPLE = ["knn/mnist", "knn/soft_topk_t1/mnist_soft_topk", "knn/soft_topk_t1/mnist_pca",
           "knn/soft_topk_t1/mnist_ce_cnn", "knn/lapsum_t3/mnist_lapsum", "knn/fashion_mnist/neuralsort",
-          "knn/soft_topk_t1/cifar10_pixels"]
+          "knn/soft_topk_t1/cifar10_pixels", "knn/soft_topk_t1/mnist_ae"]
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +71,9 @@ def test_fast_dev_run(compose_train, image_root, name):
         assert model.head is not None and {"test/knn_top1", "test/head_top1"} & set(metrics)
     if name.endswith("_lapsum") or name == "knn/fashion_mnist/lapsum":
         assert "train/beta" in metrics
+    if name.endswith("_ae"):
+        assert model.autoencoder and isinstance(model.net, ConvAutoEncoder) and model.head is None
+        assert rec["paper"]["method"] == "kNN+AE"
 
 
 def test_digits_runs_in_seconds(compose_train):
@@ -87,6 +91,38 @@ def test_module_checks_its_arguments():
         KNNClassifier(net, torch.nn.CrossEntropyLoss(), opt, 10)
     with pytest.raises(ValueError, match="primary"):
         KNNClassifier(net, loss, opt, 10, primary="both")
+    with pytest.raises(ValueError, match="decode"):
+        KNNClassifier(net, torch.nn.MSELoss(), opt, 10, autoencoder=True)
+    with pytest.raises(ValueError, match="no head"):
+        KNNClassifier(ConvAutoEncoder(), loss, opt, 10, autoencoder=True)
+
+
+def test_autoencoder_shapes_and_reconstruction_step():
+    """The MNIST and CIFAR-10 autoencoders map images to codes and back to the image shape; one reconstruction
+    step through KNNClassifier lowers the error on its batch (the decoder is what the loss trains)."""
+    ae = ConvAutoEncoder((1, 28, 28), (32, 64), 64)
+    x = torch.randn(4, 1, 28, 28)
+    assert ae(x).shape == (4, 64) and ae.decode(ae(x)).shape == x.shape
+    big = ConvAutoEncoder((3, 32, 32), (32, 64, 128), 256)
+    assert big(torch.zeros(2, 3, 32, 32)).shape == (2, 256) and big.decode(torch.zeros(2, 256)).shape == (2, 3, 32, 32)
+    with pytest.raises(ValueError, match="divisible"):
+        ConvAutoEncoder((1, 30, 30), (32, 64), 64)
+    with pytest.raises(ValueError, match="codes must be"):
+        ae.decode(torch.zeros(2, 5))
+    torch.manual_seed(0)
+    grid = torch.linspace(0, 3.14, 28)
+    x = torch.randn(4, 1, 1, 1) * (grid[:, None].sin() * grid[None].cos())  # four smooth images
+    model = KNNClassifier(ae, torch.nn.MSELoss(), lambda params: torch.optim.Adam(params, lr=1e-3), 10,
+                          autoencoder=True)
+    opt = model.configure_optimizers()
+    opt = opt["optimizer"] if isinstance(opt, dict) else opt
+    y = torch.zeros(4, dtype=torch.long)
+    before = model.training_step((x, y), 0).item()
+    for _ in range(40):
+        opt.zero_grad()
+        model.training_step((x, y), 0).backward()
+        opt.step()
+    assert model.training_step((x, y), 0).item() < 0.5 * before
 
 
 def test_feature_nets_have_the_papers_sizes():

@@ -9,7 +9,9 @@ the whole training split (:func:`~diffrank.experiments.metrics.knn.knn_predict`)
 The same module runs the two-stage baselines of Table 1 (Xie et al. 2020): a fixed feature map (raw pixels,
 PCA-50: nothing to optimise, one step so that validation runs) or a network trained with softmax
 cross-entropy through a linear ``head`` (``loss=softmax_ce``), then kNN on its features ("kNN+pretrained
-CNN"); the head's own accuracy is the "CE+CNN" row.
+CNN"); the head's own accuracy is the "CE+CNN" row. With ``autoencoder=True`` the net is an autoencoder
+(:class:`~diffrank.experiments.models.autoencoder.ConvAutoEncoder`) trained to reconstruct the training images,
+and the kNN runs on its codes ("kNN+AE", LapSum Table 3, from Grover et al. 2019).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from diffrank.losses.knn import NeighbourLoss
 
 
 class KNNClassifier(ConfiguredModule):
-    """Feature network + soft-kNN loss (or softmax CE through ``head``); hard-kNN accuracy as the metric.
+    """Feature network + soft-kNN loss (or softmax CE through ``head``, or reconstruction through the net's
+    decoder); hard-kNN accuracy as the metric.
 
     Args:
         net: feature network, ``(B, C, H, W)`` → ``(B, D)``.
@@ -38,6 +41,8 @@ class KNNClassifier(ConfiguredModule):
         k: neighbours of the hard kNN evaluation (the loss's k for end-to-end training).
         num_queries: the first ``num_queries`` images of a training batch are queries, the rest templates.
         head: linear head for the cross-entropy baseline (``None`` for kNN training).
+        autoencoder: train ``net`` as an autoencoder: the loss is ``loss(net.decode(net(x)), x)`` (e.g.
+            ``torch.nn.MSELoss``), no labels, no head; the kNN runs on the codes ``net(x)``.
         primary: which accuracy is logged as ``top1`` (the table's number): ``"knn"`` or ``"head"``; the
             other is ``knn_top1`` / ``head_top1``.
         chunk: reference features per distance block in the evaluation.
@@ -50,18 +55,26 @@ class KNNClassifier(ConfiguredModule):
 
     Raises:
         ValueError: bad ``primary``, ``head`` given with a :class:`NeighbourLoss` (or missing without),
-            a training batch with no more templates than k.
+            ``autoencoder`` with a head, a :class:`NeighbourLoss` or a net without ``decode``, a training batch
+            with no more templates than k.
     """
 
     def __init__(self, net: nn.Module, loss: Callable, optimizer: Callable, num_classes: int, k: int = 9,
                  num_queries: int = 100, head: nn.Module | None = None, primary: str = "knn",
-                 scheduler: Callable | None = None, chunk: int = 8192, compile: bool = False) -> None:
+                 scheduler: Callable | None = None, chunk: int = 8192, compile: bool = False,
+                 autoencoder: bool = False) -> None:
         super().__init__()
         self.save_hyperparameters(logger=False, ignore=["net", "loss", "head"])
         if primary not in ("knn", "head"):
             raise ValueError(f"primary must be 'knn' or 'head', got {primary!r}")
         self.end_to_end = isinstance(loss, NeighbourLoss)
-        if self.end_to_end == (head is not None):
+        self.autoencoder = bool(autoencoder)
+        if self.autoencoder:
+            if head is not None or self.end_to_end:
+                raise ValueError("autoencoder=True trains the net by reconstruction: no head, no NeighbourLoss")
+            if not callable(getattr(net, "decode", None)):
+                raise ValueError(f"autoencoder=True needs a net with decode(); {type(net).__name__} has none")
+        elif self.end_to_end == (head is not None):
             raise ValueError("a NeighbourLoss trains the features directly (no head); any other loss needs a head")
         if primary == "head" and head is None:
             raise ValueError("primary='head' needs a head")
@@ -118,6 +131,8 @@ class KNNClassifier(ConfiguredModule):
             loss = self.loss(features[:q], y[:q], features[q:], y[q:])
             if self.loss.log_scale is not None:
                 self.log("train/beta", self.loss.beta, on_step=False, on_epoch=True, batch_size=q)
+        elif self.autoencoder:
+            loss = self.loss(self.net.decode(features), x)
         else:
             loss = self.loss(self.head(features), y)
         self.log("train/loss", loss, on_step=False, on_epoch=True, prog_bar=True, batch_size=len(y))
