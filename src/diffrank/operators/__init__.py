@@ -18,9 +18,9 @@ from diffrank.operators.base import RankingOperator
 from diffrank.registry import build, list_options, load_yaml
 
 _CLASSES = {
-    "ComparatorNetwork": "sorting_network", "FastSoftSort": "fast_soft_sort", "LapSum": "lapsum",
+    "ComparatorNetwork": "sorting_network", "DFTopK": "dftopk", "FastSoftSort": "fast_soft_sort", "LapSum": "lapsum",
     "NeuralSort": "neuralsort", "RelaxedBubbleSort": "relaxed_bubble_sort", "SinkhornSort": "sinkhorn",
-    "SoftSort": "softsort", "SoftTopK": "soft_topk",
+    "SoftSort": "softsort", "SoftTopK": "soft_topk", "SparseSoftTopK": "sparse_soft_topk",
 }
 
 

@@ -185,6 +185,9 @@ class RankingOperator(nn.Module):
             wires).
         hard_beta: a β at which the operator is within 1e-3 of the hard result on scores spaced >= 0.5
             apart, n <= 8 (the contract tests use it); default 100.
+        sums_to_k: True if ``topk_membership`` sums to k over the items for every β (every operator built
+            on a permutahedron / transport / CDF-sum constraint); False for a per-item threshold sigmoid
+            (DFTopK), whose sum only tends to k in the hard limit. Default True.
 
     Raises:
         ValueError: on a non-positive or non-finite ``beta``.
@@ -194,6 +197,7 @@ class RankingOperator(nn.Module):
     doubly_stochastic: bool = False
     permutation_equivariant: bool = False
     hard_beta: float = 100.0
+    sums_to_k: bool = True
 
     def __init__(self, beta: float = 1.0) -> None:
         super().__init__()

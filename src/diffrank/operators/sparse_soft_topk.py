@@ -1,0 +1,373 @@
+"""Sparse soft top-k (Sander, Puigcerver, Djolonga, Peyré, Blondel; ICML 2023), a PyTorch port of the method.
+
+"Fast, Differentiable and Sparse Top-k: a Convex Analysis Perspective", §3-4. With w = (1_k, 0_{n-k}), the
+permutahedron P(w) is the capped simplex C_k = {y ∈ [0, 1]^n : Σ y = k}, and the relaxed top-k mask is
+
+    mask(x) = argmax_{y ∈ C_k} ⟨x, y⟩ - (λ/p) ‖y‖_p^p,       λ = 1/β  (docs/conventions.md),
+
+for p = 2 (the Euclidean projection of βx onto C_k; piecewise linear) and p = 4/3 (the paper's default; C¹
+in x). Both are exactly sparse: items below a soft margin get an exact 0, items above it an exact 1. Since
+λ only scales x, everything is computed on z = βx with λ = 1.
+
+- **PAV solver** (``solver="pav"``, paper §4.2, Prop. 4 and 5): sort z descending to s, solve the isotonic
+  problem v = argmin_{v_1 ≥ … ≥ v_n} Σ_i (1/q)|s_i - v_i|^q + ⟨w, v⟩ (q = p/(p-1): 2 or 4) by pool
+  adjacent violators, output y = (s - v)^{q-1}, un-permuted. A pooled block B takes the value γ solving
+  Σ_B (s_i - γ)^{q-1} = Σ_B w_i: the block mean of s - w for q = 2, the real root of a depressed cubic for
+  q = 4 (kept as the block's count, mean and centred second and third moments, merged without
+  cancellation; the root from the cancellation-free form of Cardano's formula, polished by Newton steps).
+  O(n) after the O(n log n) sort (a numba kernel over the rows, on the CPU; CUDA inputs are copied over).
+  Singleton blocks return their w_i (0 or 1) exactly.
+- **VJP** (paper §4.3): the isotonic Jacobian is block diagonal. Within a pooled block, with
+  a_i = (q-1)(s_i - γ)^{q-2} (1 for p = 2, 3 y_i^{2/3} for p = 4/3),
+  ∂L/∂s_i = a_i (g_i - Σ_B a g / Σ_B a); singleton blocks (exact 0 / 1) pass no gradient. O(n).
+- **Dykstra solver** (``solver="dykstra"``, p = 2 only; paper §4.2 "Dykstra", the GPU-friendly variant):
+  Dykstra's alternating projections onto the odd-pair and the even-pair order constraints (each a pairwise
+  average of violating neighbours), batched in torch in the input's compute dtype. Approximate: it stops
+  after ``max_iter`` iterations or when an iterate moves less than ``tolerance`` (z units). Its VJP is the
+  p = 2 block VJP above on the blocks read off the iterate (neighbours closer than √``tolerance``).
+  The mask sums to k to rounding (pair averages keep Σ v), but may leave [0, 1] by the residual.
+
+The magnitude variant of the paper (x ∘ mask(|x|)) is not implemented here.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numba
+import numpy as np
+import torch
+from torch import Tensor
+
+from diffrank.operators.base import TOPK_MEMBERSHIP, RankingOperator
+
+SOLVERS = ("pav", "dykstra")
+# |βx| above this is refused for p = 4/3: the block moments hold (βx)^3 summed over up to 1e6+ items
+_MAX_Z_CUBIC = 1e75
+
+
+def _check_p(p) -> float:
+    """p as a float, 2 or 4/3 (within 1e-9; the string ``"4/3"`` is accepted too)."""
+    if isinstance(p, str) and p.replace(" ", "") == "4/3":
+        return 4.0 / 3.0
+    try:
+        pf = float(p)
+    except (TypeError, ValueError):
+        raise ValueError(f"p must be 2 or 4/3, got {p!r}") from None
+    if abs(pf - 2.0) < 1e-9:
+        return 2.0
+    if abs(pf - 4.0 / 3.0) < 1e-9:
+        return 4.0 / 3.0
+    raise ValueError(f"p must be 2 or 4/3 (the p-norm regularisers with closed-form PAV blocks), got {p!r}")
+
+
+@numba.njit(cache=True, nogil=True)
+def _cubic_root(cnt, m2, m3, w):  # pragma: no cover - compiled
+    """Real root t of Σ_B (d_i - t)^3 = w with d centred (Σ d = 0, Σ d² = m2, Σ d³ = m3), i.e.
+    t³ + P t + Q = 0 with P = 3 m2 / cnt >= 0, Q = (w - m3) / cnt (one real root, increasing cubic)."""
+    P = 3.0 * m2 / cnt
+    Q = (w - m3) / cnt
+    r = max(math.sqrt(P), abs(Q) ** (1.0 / 3.0))
+    if r == 0.0:
+        return 0.0
+    Pn, Qn = P / (r * r), Q / (r * r * r)  # |Pn|, |Qn| <= 1: nothing below overflows
+    D = math.sqrt(Qn * Qn / 4.0 + Pn * Pn * Pn / 27.0)
+    A = (abs(Qn) / 2.0 + D) ** (1.0 / 3.0)
+    Bc = Pn / (3.0 * A)
+    # A - Bc = |Q| / (A² + A Bc + Bc²): Cardano's root without subtracting nearly equal numbers
+    t = -Qn / (A * A + Pn / 3.0 + Bc * Bc)
+    for _ in range(2):
+        f = t * t * t + Pn * t + Qn
+        fp = 3.0 * t * t + Pn
+        if fp > 0.0:
+            t -= f / fp
+    return t * r
+
+
+@numba.njit(cache=True, nogil=True)
+def _pav_topk(s, k, cubic, y, a, start):  # pragma: no cover - compiled
+    """Decreasing PAV for the capped-simplex mask of every row of s (sorted descending), w = (1_k, 0).
+
+    Writes y (the mask in sorted order), a (the VJP weights a_i, 0 on singleton blocks) and start (each
+    position's block start)."""
+    B, n = s.shape
+    bst = np.empty(n, np.int64)
+    cnt = np.empty(n, np.float64)
+    mean = np.empty(n, np.float64)
+    m2 = np.empty(n, np.float64)
+    m3 = np.empty(n, np.float64)
+    wsum = np.empty(n, np.float64)
+    val = np.empty(n, np.float64)
+    for b in range(B):
+        top = -1
+        for i in range(n):
+            top += 1
+            wi = 1.0 if i < k else 0.0
+            bst[top] = i
+            cnt[top] = 1.0
+            mean[top] = s[b, i]
+            m2[top] = 0.0
+            m3[top] = 0.0
+            wsum[top] = wi
+            val[top] = s[b, i] - wi
+            while top > 0 and val[top - 1] < val[top]:
+                na, nb = cnt[top - 1], cnt[top]
+                nt = na + nb
+                d = mean[top] - mean[top - 1]
+                # Chan et al.'s pairwise update of the centred moments (no Σ s³ - … cancellation)
+                m3[top - 1] = (m3[top - 1] + m3[top] + d * d * d * na * nb * (na - nb) / (nt * nt)
+                               + 3.0 * d * (na * m2[top] - nb * m2[top - 1]) / nt)
+                m2[top - 1] = m2[top - 1] + m2[top] + d * d * na * nb / nt
+                mean[top - 1] = mean[top - 1] + d * nb / nt
+                cnt[top - 1] = nt
+                wsum[top - 1] += wsum[top]
+                top -= 1
+                if cubic:
+                    val[top] = mean[top] + _cubic_root(cnt[top], m2[top], m3[top], wsum[top])
+                else:
+                    val[top] = mean[top] - wsum[top] / cnt[top]
+        for j in range(top + 1):
+            lo = bst[j]
+            hi = bst[j + 1] if j < top else n
+            if hi - lo == 1:
+                y[b, lo] = wsum[j]
+                a[b, lo] = 0.0
+                start[b, lo] = lo
+                continue
+            gam = val[j]
+            for i in range(lo, hi):
+                r = s[b, i] - gam
+                if r < 0.0:
+                    r = 0.0
+                if cubic:
+                    yi = r * r * r
+                    a[b, i] = 3.0 * r * r
+                else:
+                    yi = r
+                    a[b, i] = 1.0
+                y[b, i] = min(yi, 1.0)
+                start[b, i] = lo
+
+
+@numba.njit(cache=True, nogil=True)
+def _weighted_block_vjp(g, a, start, out):  # pragma: no cover - compiled
+    """out_i = a_i (g_i - Σ_B a g / Σ_B a) within each block B (0 where Σ_B a = 0)."""
+    B, n = g.shape
+    for b in range(B):
+        i = 0
+        while i < n:
+            s0 = start[b, i]
+            j = i
+            sa = 0.0
+            sag = 0.0
+            while j < n and start[b, j] == s0:
+                sa += a[b, j]
+                sag += a[b, j] * g[b, j]
+                j += 1
+            ratio = sag / sa if sa > 0.0 else 0.0
+            for m in range(i, j):
+                out[b, m] = a[b, m] * (g[b, m] - ratio)
+            i = j
+
+
+def _pav_sorted(s: Tensor, k: int, cubic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Run :func:`_pav_topk` on float64 CPU copies of the sorted ``s`` ``(B, n)``; tensors on ``s``'s device."""
+    sn = s.detach().to("cpu", torch.float64).contiguous().numpy()
+    y, a = np.empty_like(sn), np.empty_like(sn)
+    start = np.empty(sn.shape, np.int64)
+    _pav_topk(sn, int(k), bool(cubic), y, a, start)
+    dev = s.device
+    return torch.from_numpy(y).to(dev), torch.from_numpy(a).to(dev), torch.from_numpy(start).to(dev)
+
+
+def _block_vjp(g: Tensor, a: Tensor, start: Tensor) -> Tensor:
+    """The block VJP of :func:`_weighted_block_vjp` on CPU float64 copies; result on ``g``'s device, float64."""
+    gn = g.detach().to("cpu", torch.float64).contiguous().numpy()
+    out = np.empty_like(gn)
+    _weighted_block_vjp(gn, a.cpu().numpy(), start.cpu().numpy(), out)
+    return torch.from_numpy(out).to(g.device)
+
+
+class _PAVMask(torch.autograd.Function):
+    """mask(z) for z = βx ``(B, n)`` by sort + PAV; backward by the block VJP. Returns float64."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, k: int, cubic: bool) -> Tensor:
+        s, perm = torch.sort(z.double(), dim=-1, descending=True, stable=True)
+        y, a, start = _pav_sorted(s, k, cubic)
+        ctx.save_for_backward(perm, a, start)
+        return torch.empty_like(y).scatter_(-1, perm, y)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        perm, a, start = ctx.saved_tensors
+        gs = _block_vjp(g.double().gather(-1, perm), a, start)
+        return torch.empty_like(gs).scatter_(-1, perm, gs), None, None
+
+
+def _pair_project(v: Tensor, offset: int) -> Tensor:
+    """Projection onto {v_i >= v_{i+1} for the pairs (offset, offset+1), (offset+2, offset+3), …}: a violating
+    pair is replaced by its mean (the pairs are disjoint, so the projection is pairwise)."""
+    n = v.shape[-1]
+    m = (n - offset) // 2
+    if m == 0:
+        return v
+    mid = v[:, offset: offset + 2 * m].reshape(v.shape[0], m, 2)
+    avg = mid.mean(-1, keepdim=True)
+    bad = (mid[..., :1] < mid[..., 1:])
+    mid = torch.where(bad, avg.expand_as(mid), mid).reshape(v.shape[0], 2 * m)
+    return torch.cat([v[:, :offset], mid, v[:, offset + 2 * m:]], dim=-1)
+
+
+def isotonic_dykstra(u: Tensor, max_iter: int, tolerance: float, check_every: int = 10) -> tuple[Tensor, int, float]:
+    """Approximate argmin_{v_1 >= … >= v_n} ½‖v - u‖² by Dykstra's algorithm on the two pair-constraint sets.
+
+    Sander et al. 2023, §4.2 (Dykstra's projection algorithm, odd / even pairs). Batched over rows.
+
+    Args:
+        u: ``(B, n)`` floating targets.
+        max_iter: iteration cap (each iteration projects onto both sets).
+        tolerance: stop once an iterate moves less than this (max abs change, checked every ``check_every``).
+        check_every: iterations between convergence checks (each is one host synchronisation).
+
+    Returns:
+        ``(v (B, n), iterations, last max change)``.
+    """
+    x = u
+    p = torch.zeros_like(u)
+    q = torch.zeros_like(u)
+    it, change = 0, float("inf")
+    while it < max_iter:
+        prev = x
+        y = _pair_project(x + p, 0)
+        p = x + p - y
+        x = _pair_project(y + q, 1)
+        q = y + q - x
+        it += 1
+        if it % check_every == 0 or it == max_iter:
+            change = float((x - prev).detach().abs().max()) if x.numel() else 0.0
+            if change < tolerance:
+                break
+    return x, it, change
+
+
+class _DykstraMask(torch.autograd.Function):
+    """mask(z) for p = 2 by sort + Dykstra; backward by the block-mean VJP on the iterate's blocks."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, k: int, max_iter: int, tolerance: float, info: dict) -> Tensor:
+        s, perm = torch.sort(z, dim=-1, descending=True, stable=True)
+        w = torch.zeros_like(s)
+        w[:, :k] = 1.0
+        v, it, change = isotonic_dykstra(s - w, max_iter, tolerance)
+        info["iterations"], info["change"] = it, change
+        y = s - v
+        # neighbours closer than √tolerance share a block (the iterate's spread inside a block is ~20-100× the
+        # last change, more than the tolerance itself); a singleton (an exact 0 / 1 item) has no gradient
+        same = (v[:, 1:] - v[:, :-1]).abs() <= tolerance ** 0.5
+        new = torch.cat([torch.ones_like(same[:, :1]), ~same], dim=-1)
+        start = torch.where(new, torch.arange(s.shape[-1], device=s.device).expand_as(s), 0).cummax(-1).values
+        size = torch.zeros_like(s).scatter_add_(-1, start, torch.ones_like(s)).gather(-1, start)
+        a = (size > 1).to(s.dtype)
+        ctx.save_for_backward(perm, a, start)
+        return torch.empty_like(y).scatter_(-1, perm, y)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        perm, a, start = ctx.saved_tensors
+        gs = g.gather(-1, perm) * a
+        sums = torch.zeros_like(gs).scatter_add_(-1, start, gs)
+        cnt = torch.zeros_like(gs).scatter_add_(-1, start, a)
+        mean = (sums / cnt.clamp_min(1)).gather(-1, start)
+        gz = a * (gs - mean)
+        return torch.empty_like(gz).scatter_(-1, perm, gz), None, None, None, None
+
+
+def sparse_soft_topk_mask(x: Tensor, k: int, beta: float = 10.0, p: float = 4 / 3, solver: str = "pav",
+                          max_iter: int = 500, tolerance: float = 1e-9) -> Tensor:
+    """The relaxed top-k mask argmax_{y ∈ C_k} ⟨x, y⟩ - (λ/p)‖y‖_p^p, λ = 1/β (Sander et al. 2023, Eq. (8)).
+
+    Args:
+        x: ``(B, n)`` float32 / float64 scores (finite; validated by the caller).
+        k: integer in [1, n].
+        beta: β = 1/λ > 0 (the paper's default λ = 0.1 is β = 10).
+        p: 2 or 4/3.
+        solver: ``"pav"`` (exact) or ``"dykstra"`` (p = 2 only; approximate, batched torch).
+        max_iter, tolerance: Dykstra's iteration cap and stopping change (z = βx units).
+
+    Returns:
+        ``(B, n)`` mask in [0, 1] summing to k (float64 for PAV, x's dtype for Dykstra); exact zeros and ones
+        outside the soft margin (PAV).
+
+    Raises:
+        ValueError: p not 2 or 4/3, Dykstra with p = 4/3, or βx beyond the range the solve can hold (float64
+            overflow; |βx| > 1e75 for p = 4/3, whose blocks hold cubes).
+    """
+    p = _check_p(p)
+    z = x * beta
+    if solver == "dykstra":
+        if p != 2.0:
+            raise ValueError("solver='dykstra' solves the p = 2 problem only; use solver='pav' for p = 4/3")
+        if not bool(torch.isfinite(z.detach()).all()):
+            raise ValueError(f"beta * scores overflow {z.dtype} (out of range); lower beta or rescale the scores")
+        info: dict = {}
+        out = _DykstraMask.apply(z, k, max_iter, tolerance, info)
+        if info["change"] >= tolerance and max_iter > 0:
+            warnings.warn(f"sparse soft top-k (Dykstra): stopped after {info['iterations']} iterations with change "
+                          f"{info['change']:.2e} >= tolerance {tolerance:g}; raise max_iter", RuntimeWarning,
+                          stacklevel=2)
+        return out
+    z = x.double() * beta
+    zmax = float(z.detach().abs().max()) if z.numel() else 0.0
+    if not math.isfinite(zmax) or (p != 2.0 and zmax > _MAX_Z_CUBIC):
+        raise ValueError(f"beta * |scores| = {zmax:.3g} is out of the range the p = {p:.4g} solve holds "
+                         f"(finite float64{', <= 1e75' if p != 2.0 else ''}); lower beta or rescale the scores")
+    return _PAVMask.apply(z, k, p != 2.0)
+
+
+class SparseSoftTopK(RankingOperator):
+    """Sparse soft top-k mask (Sander, Puigcerver, Djolonga, Peyré, Blondel; ICML 2023, §3-4); λ = 1/β.
+
+    ``topk_membership(scores (B, n), ks)`` → ``(B, len(ks), n)``: for each k the mask
+    argmax_{y ∈ C_k} ⟨x, y⟩ - (λ/p)‖y‖_p^p, in [0, 1], summing to k, exactly 0 / 1 outside a margin of
+    width O(λ) around the k-th score (see the module docstring for the solvers and the VJP). Computed in
+    float64 (PAV) or the compute dtype (Dykstra); cast back to the input dtype.
+
+    Args:
+        beta: β = 1/λ > 0.
+        p: 2 (projection onto the capped simplex) or 4/3 (the paper's default, C¹).
+        solver: ``"pav"`` (exact, CPU numba) or ``"dykstra"`` (p = 2; batched torch, approximate).
+        max_iter: Dykstra's iteration cap (paper's code: 500).
+        tolerance: Dykstra's stopping change in βx units; a run that stops above it warns.
+
+    Raises:
+        ValueError: bad β, p, solver, ``dykstra`` with p = 4/3, max_iter < 1 or tolerance <= 0; at call time,
+            β·scores out of range (see :func:`sparse_soft_topk_mask`).
+    """
+
+    capabilities = frozenset({TOPK_MEMBERSHIP})
+    permutation_equivariant = True
+    hard_beta = 4.0  # exact 0 / 1 once β × (gap around the k-th score) >= 1 (both p)
+
+    def __init__(self, beta: float = 10.0, p: float = 4 / 3, solver: str = "pav", max_iter: int = 500,
+                 tolerance: float = 1e-9) -> None:
+        super().__init__(beta)
+        self.p = _check_p(p)
+        if solver not in SOLVERS:
+            raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+        if solver == "dykstra" and self.p != 2.0:
+            raise ValueError("solver='dykstra' solves the p = 2 problem only; use solver='pav' for p = 4/3")
+        if int(max_iter) < 1:
+            raise ValueError(f"max_iter must be >= 1, got {max_iter}")
+        if not float(tolerance) > 0:
+            raise ValueError(f"tolerance must be > 0, got {tolerance}")
+        self.solver, self.max_iter, self.tolerance = solver, int(max_iter), float(tolerance)
+
+    def _topk_membership(self, x: Tensor, ks: list[int]) -> Tensor:
+        """``(B, len(ks), n)``: the mask for each k (one sort + one PAV / Dykstra run per k)."""
+        return torch.stack([sparse_soft_topk_mask(x, k, self.beta, self.p, self.solver, self.max_iter,
+                                                  self.tolerance) for k in ks], dim=1)
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, p={self.p:.4g}, solver={self.solver!r}"
