@@ -25,8 +25,9 @@ from diffrank.registry import config_dir, load_yaml
 
 # groups built only where another node interpolates them (the loss reads ${operator} and ${pk})
 INTERPOLATED_GROUPS = ("operator", "pk")
-# the groups that name a table row's method (paper_method): the first one chosen counts
-METHOD_GROUPS = ("operator", "algorithm")
+# the groups that name a table row's method (paper_method): the first one chosen counts (loss: rows without an
+# operator or algorithm whose loss is the method, e.g. RESGRO for sorting, thesis Table 7.2)
+METHOD_GROUPS = ("operator", "algorithm", "loss")
 
 
 def row_protocol(experiment: str) -> str | None:
@@ -40,19 +41,44 @@ def row_protocol(experiment: str) -> str | None:
     return None
 
 
+def row_newton(experiment: str) -> str:
+    """The ``newton`` choice a row makes: the ``override /newton`` entry of its defaults list, else of the
+    experiments it includes (its protocol), else ``"none"`` (thesis "Regular")."""
+    if not (config_dir() / "experiment" / f"{experiment}.yaml").is_file():
+        return "none"
+    included = []
+    for entry in load_yaml("experiment", experiment).get("defaults", []):
+        if isinstance(entry, dict) and "override /newton" in entry:
+            return str(entry["override /newton"])
+        if isinstance(entry, str) and entry.startswith("/experiment/"):
+            included.append(entry.removeprefix("/experiment/"))
+    return next((n for n in map(row_newton, included) if n != "none"), "none")
+
+
 def check_row_method(cfg: DictConfig, choices: dict[str, Any]) -> None:
     """Refuse a paper row (``paper_method`` set) run with another method. The method is the ``operator`` choice, or
-    the ``algorithm`` choice of runs without an operator (Warcraft shortest paths).
+    the ``algorithm`` choice of runs without an operator (Warcraft shortest paths), or the ``loss`` choice of runs
+    with neither (RESGRO sorting rows). A row with a ``paper`` key also runs its own Newton loss: the ``newton``
+    choice must be the row's (:func:`row_newton`; "Regular" rows: none), or the run would carry the key of another
+    cell of Tables 7.1–7.5.
 
     Raises:
-        ValueError: the chosen method is not the row's; the message names the row's protocol to run instead.
+        ValueError: the chosen method or Newton loss is not the row's; the message names what to run instead.
     """
+    row = choices.get("experiment")
+    if row and isinstance(cfg.get("paper"), DictConfig) and choices.get("newton") is not None:
+        own, chosen_newton = row_newton(row), str(choices.get("newton"))
+        if chosen_newton != own:
+            raise ValueError(
+                f"experiment={row} is the paper's row for newton={own}: with newton={chosen_newton} the run would "
+                f"carry that row's paper key. Run the row of that Newton loss "
+                f"(configs/experiment/{row.rsplit('/', 1)[0]}/) or the row's protocol ({row_protocol(row)}) "
+                f"with newton={chosen_newton}")
     row_method = cfg.get("paper_method")
     group = next((g for g in METHOD_GROUPS if choices.get(g) is not None), METHOD_GROUPS[0])
     chosen = choices.get(group)
     if not row_method or chosen is None or chosen == row_method:
         return
-    row = choices.get("experiment")
     protocol = row_protocol(row) if row else None
     instead = (f"experiment={protocol} {group}={chosen} plus the row's other settings (data, trainer) from "
                f"configs/experiment/{row}.yaml" if protocol else f"the row's protocol with {group}={chosen}")

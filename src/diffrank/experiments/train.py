@@ -25,6 +25,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from diffrank.experiments.algorithms.newton import with_newton
 from diffrank.experiments.callbacks import ResumeState, RunIdentity
 from diffrank.experiments.callbacks.run_identity import run_identity
 from diffrank.experiments.composition import check_model_fits_data, drop_unused_groups, prepare
@@ -162,10 +163,15 @@ def build(cfg: DictConfig, info: dict[str, Any]) -> Built:
     # loss (model.algorithm: the Warcraft protocol) has none
     loss = instantiate(cfg.loss) if cfg.get("loss") is not None else None
     used["choices"] = drop_unused_groups(cfg, used["choices"], loss)
+    model_kwargs: dict[str, Any] = {}
     if cfg.get("newton") is not None:  # newton=<variant>: the Newton loss (thesis §7.3) around the run's loss
-        loss = instantiate(cfg.newton, loss=loss)
+        if loss is None and cfg.model.get("algorithm") is not None:  # the algorithm is the loss (Warcraft)
+            model_kwargs["algorithm"] = with_newton(instantiate(cfg.model.algorithm),
+                                                    **OmegaConf.to_container(cfg.newton, resolve=True))
+        else:
+            loss = instantiate(cfg.newton, loss=loss)
     check_model_fits_data(cfg, info["choices"])
-    model = instantiate(cfg.model, **({} if loss is None else {"loss": loss}))
+    model = instantiate(cfg.model, **model_kwargs, **({} if loss is None else {"loss": loss}))
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
     if cfg.trainer.get("enable_progress_bar") is False:  # Lightning refuses a progress-bar callback then
         callbacks = [c for c in callbacks if not isinstance(c, L.pytorch.callbacks.ProgressBar)]

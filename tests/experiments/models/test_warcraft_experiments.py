@@ -12,8 +12,11 @@ from omegaconf import OmegaConf
 
 from conftest import CONFIGS, options
 from diffrank import reference
+from diffrank.experiments import generate_warcraft as gen
 from diffrank.experiments import report as compare
 from diffrank.experiments.algorithms.bellman_ford import RelaxedBellmanFord
+from diffrank.experiments.algorithms.newton import NewtonAlgorithm
+from diffrank.experiments.composition import row_newton
 from diffrank.experiments.models.shortest_path import CombResNet18, ShortestPathModule
 from diffrank.experiments.train import train
 from experiments.data.warcraft_files import write_warcraft
@@ -21,9 +24,18 @@ from experiments.data.warcraft_files import write_warcraft
 CONFIGS_WARCRAFT = [e for e in options("experiment") if e.startswith("warcraft/")]
 PROTOCOLS = ["warcraft/shortest_path"]
 ROWS = [e for e in CONFIGS_WARCRAFT if e not in PROTOCOLS]
-SAMPLE = ["warcraft/thesis_t7_4/while_l2sq"]
+# one row per algorithm family and Newton variant in the default suite; all rows in the slow suite
+SAMPLE = ["warcraft/thesis_t7_4/while_l2sq", "warcraft/thesis_t7_4/for_l1_fisher",
+          "warcraft/thesis_t7_5/smoothed_loss_s3_hessian", "warcraft/thesis_t7_5/smoothed_algorithm_s3_fisher",
+          "warcraft/thesis_t7_5/perturbed_fy_s3_hessian", "warcraft/thesis_t7_6/resgro_m6_sets3",
+          "warcraft/thesis_t7_7/resgro_s3"]
 ALGORITHM_OF_METHOD = {"Black-Box Loss": "blackbox", "Perturbed Opt.": "perturbed",
                        "AlgoVision": "relaxed_bellman_ford"}
+# thesis Table 7.5's column families (reference operator id) -> our algorithm
+ALGORITHM_OF_OPERATOR = {"stochastic_smoothing_of_loss": "smoothed_loss",
+                         "stochastic_smoothing_of_algorithm": "smoothed_algorithm",
+                         "perturbed_optimizer_fenchel_young": "perturbed"}
+NEWTON_OF_METHOD = {"Regular": None, "Hessian Newton": "hessian", "Fisher Newton": "fisher"}
 
 
 @pytest.fixture(scope="module")
@@ -38,24 +50,51 @@ def _small(root) -> list[str]:
             "data.eval_batch_size=4"]
 
 
+def test_committed_rows_are_the_generators_output():
+    """configs/experiment/warcraft/thesis_t7_{4,5,6,7}/ hold exactly what diffrank.experiments.generate_warcraft
+    writes (Table 2.2's rows are hand-written)."""
+    files = gen.render()
+    out = CONFIGS / "experiment" / "warcraft"
+    committed = {p.relative_to(out).as_posix(): p.read_text(encoding="utf-8")
+                 for table in gen.TABLES for p in (out / table).glob("*.yaml")}
+    assert sorted(committed) == sorted(files), "run python -m diffrank.experiments.generate_warcraft"
+    for rel, text in files.items():
+        assert committed[rel] == text, f"{rel} differs from the generator's output"
+
+
 def test_rows_carry_their_paper_keys():
-    assert len(ROWS) == 10
+    assert len(ROWS) == 63 and set(SAMPLE) <= set(ROWS)
+    covered = []
     for name in ROWS:
         cfg = OmegaConf.load(CONFIGS / "experiment" / f"{name}.yaml")
         rows = reference.match(OmegaConf.to_container(cfg.paper, resolve=True))
         assert [r["metric"] for r in rows] == ["EM_path"], name
         row = rows[0]
-        algorithm = [d for d in cfg.defaults if not isinstance(d, str) and "override /algorithm" in d][0]
-        chosen = algorithm["override /algorithm"]
-        assert cfg.paper_method == chosen, name
+        covered.append(tuple(row[c] for c in reference.COLUMNS))
+        defaults = [d for d in cfg.defaults if not isinstance(d, str)]
+        chosen = [d["override /algorithm"] for d in defaults if "override /algorithm" in d][0]
+        newton = ([d["override /newton"] for d in defaults if "override /newton" in d] or [None])[0]
+        assert cfg.paper_method == chosen and row_newton(name) == (newton or "none"), name
+        assert newton == NEWTON_OF_METHOD.get(row["method"]), name
+        setting = dict(kv.split("=") for kv in row["setting"].split(";")) if row["setting"] else {}
         if row["table"] == "2.2":
             assert chosen == ALGORITHM_OF_METHOD[row["method"]], name
         if row["table"] == "7.4":
-            loop, loss = (s.split("=")[1] for s in row["setting"].split(";"))
-            assert (chosen, cfg.algorithm.loop, cfg.algorithm.loss) == ("relaxed_bellman_ford", loop, loss), name
+            assert (chosen, cfg.algorithm.loop, cfg.algorithm.loss) == \
+                ("relaxed_bellman_ford", setting["loop"], setting["loss"]), name
         if row["table"] == "7.5":
-            assert row["operator"] == "perturbed_optimizer_fenchel_young" and chosen == "perturbed", name
-            assert f"samples={cfg.algorithm.samples}" == row["setting"], name
+            assert chosen == ALGORITHM_OF_OPERATOR[row["operator"]], name
+            assert cfg.algorithm.samples == int(setting["samples"]), name
+        if row["table"] == "7.6":
+            assert chosen == "resgro" and cfg.algorithm.samples == int(setting["samples"]), name
+            assert cfg.algorithm.sets == int(setting["sets"]) and 1 <= cfg.algorithm.subset_size < cfg.algorithm.samples
+        if row["table"] == "7.7":
+            assert chosen == "resgro" and cfg.algorithm.samples == int(setting["samples"]), name
+            assert cfg.algorithm.subset_size is None and cfg.algorithm.sets is None, name
+    # every published number of Tables 2.2 (but the ResNet baseline: no row) and 7.4-7.7 belongs to exactly one row
+    published = [tuple(r[c] for c in reference.COLUMNS) for r in reference.load_table("warcraft_thesis_tables")
+                 if r["method"] != "ResNet Baseline"]
+    assert sorted(covered) == sorted(published)
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in SAMPLE else pytest.mark.slow)
@@ -71,6 +110,34 @@ def test_fast_dev_run(compose_train, warcraft_root, name):
     assert rec["choices"]["operator"] is None and rec["choices"]["model"] == "shortest_path"
     assert (rec["paper"] is None) == (name in PROTOCOLS)
     assert isinstance(objects["model"], ShortestPathModule)
+    newton = row_newton(name)
+    assert rec["choices"]["newton"] == newton
+    algorithm = objects["model"].algorithm
+    assert isinstance(algorithm, NewtonAlgorithm) == (newton != "none"), name
+    if newton != "none":
+        assert algorithm.variant == newton and algorithm.name.endswith(f"+{newton}")
+
+
+def test_row_with_another_newton_loss_is_refused(compose_train, warcraft_root):
+    """A Regular row run with newton=fisher would carry the Regular cell's key (and a Fisher row with none the
+    Fisher cell's): refused before anything is built."""
+    with pytest.raises(ValueError, match=r"row for newton=none: with newton=fisher"):
+        train(compose_train(["experiment=warcraft/thesis_t7_4/for_l1", "newton=fisher", *_small(warcraft_root)]))
+    with pytest.raises(ValueError, match=r"row for newton=fisher: with newton=none"):
+        train(compose_train(["experiment=warcraft/thesis_t7_4/for_l1_fisher", "newton=none", *_small(warcraft_root)]))
+
+
+def test_protocol_with_a_newton_loss_on_any_algorithm(compose_train, warcraft_root):
+    """The protocol runs every algorithm with newton=<variant>; the smoothed algorithm has no second derivatives,
+    so the Hessian variants are refused at the first step with a message naming fisher."""
+    _, objects = train(compose_train(["experiment=warcraft/shortest_path", "algorithm=blackbox", "newton=fisher",
+                                      "newton.tikhonov=0.5", *_small(warcraft_root)]))
+    algorithm = objects["model"].algorithm
+    assert isinstance(algorithm, NewtonAlgorithm) and algorithm.tikhonov == 0.5
+    assert objects["results"]["paper"] is None and objects["results"]["choices"]["newton"] == "fisher"
+    with pytest.raises(ValueError, match="fisher"):
+        train(compose_train(["experiment=warcraft/shortest_path", "algorithm=smoothed_algorithm",
+                             "algorithm.samples=2", "newton=hessian", *_small(warcraft_root)]))
 
 
 def test_row_with_another_algorithm_is_refused(compose_train, warcraft_root):
