@@ -1,5 +1,6 @@
-"""Write the top-k classification rows of Petersen et al. (ICML 2022) Tables 1-6:
-``configs/experiment/topk/icml2022_t<N>/<row>.yaml``.
+"""Write the top-k classification rows of Petersen et al. (ICML 2022) Tables 1-6,
+``configs/experiment/topk/icml2022_t<N>/<row>.yaml``, and the Lap-Top-k rows of LapSum (Struski et al., ICML 2025)
+Tables 1-2, ``configs/experiment/topk/lapsum_t<N>/<row>.yaml``.
 
 A row includes its protocol (hand-written: ``topk/cifar100`` for Tables 1 and 4; ``topk/imagenet1k``,
 ``topk/imagenet21kp`` and ``topk/imagenet1k_effnet_l2`` for the heads on frozen embeddings of Tables 2, 3, 5, 6)
@@ -18,13 +19,20 @@ the bitonic network (``difftopk_bitonic``). SinkhornSort's temperature is not pu
 table's ``sinkhorn_*`` rows); ``python -m diffrank.experiments.report`` then reports the β with the best
 validation top-1.
 
+LapSum Tables 1-2 (``lapsum_icml2025_table{1,2}.csv``): one row per Lap-Top-k cell over the same protocols, with
+Appendix D Table 5's α as β = −1/α (CIFAR-100 and ImageNet-1K α = −1.5, ImageNet-21K-P α = −1.0), batch (100 / 500 /
+500) and epochs (200 / 100 / 40); a row sets them only where they differ from its protocol. LapSum's learning rate is
+lost (the LR grid and the "best LR" row of Table 5 did not survive in the text): the rows say so and keep the ICML
+2022 protocol's. The other rows of those tables are copies of Petersen et al. 2022 Tables 1-2 (``copy_of=`` in
+``setting``): their cells are run by the ``icml2022_t<N>`` rows, never by a second config.
+
 Not generated: Table 5's literature rows (published numbers of other models, no run) and Table 7 (network depths,
 a unit test).
 
 Usage: ``python -m diffrank.experiments.generate_topk`` (or ``python scripts/make_topk_experiments.py``; rewrites
-the table folders of :func:`diffrank.registry.config_dir`, the checkout's ``configs/`` in an editable install;
-commit them). The test ``tests/experiments/models/test_topk_experiments.py`` checks that the committed files equal
-:func:`render`.
+the table folders (:data:`FOLDERS`) of :func:`diffrank.registry.config_dir`, the checkout's ``configs/`` in an
+editable install; commit them). The test ``tests/experiments/models/test_topk_experiments.py`` checks that the
+committed files equal :func:`render`.
 """
 
 from __future__ import annotations
@@ -44,6 +52,13 @@ REFERENCE = Path(reference.__file__).parent  # the reference CSVs (package data)
 PAPER = "petersen_difftopk_icml2022"
 TABLES = {1: "icml2022_t1", 2: "icml2022_t2", 3: "icml2022_t3", 4: "icml2022_t4", 5: "icml2022_t5",
           6: "icml2022_t6"}
+LAPSUM = "struski_lapsum_icml2025"
+LAPSUM_TABLES = {1: "lapsum_t1", 2: "lapsum_t2"}
+FOLDERS = (*TABLES.values(), *LAPSUM_TABLES.values())  # every folder this generator owns
+# batch and epochs of the protocols (configs/experiment/topk/<protocol>.yaml; the test composes them): a LapSum row
+# sets Table 5's value only where it differs
+PROTOCOL_BATCH_EPOCHS = {"topk/cifar100": (128, 200), "topk/imagenet1k": (500, 20), "topk/imagenet21kp": (500, 40)}
+PROTOCOL_LR = {"topk/cifar100": "1e-3", "topk/imagenet1k": "10^-4.5", "topk/imagenet21kp": "1e-4"}
 # reference dataset / model -> our protocol (experiment config) and row-name prefix
 PROTOCOLS = {("cifar100", "resnet18_cifar"): ("topk/cifar100", ""),
              ("imagenet1k", "resnext101_32x48d_wsl_linear_head"): ("topk/imagenet1k", "in1k_"),
@@ -75,6 +90,8 @@ class Row:
     params: dict[str, Any] = field(default_factory=dict)
     pk: str | list[float] | None = None   # a pk config name or the weights
     sweep_beta: bool = False              # SinkhornSort: no published β
+    notes: list[str] = field(default_factory=list)           # comment lines after the defaults
+    overrides: dict[str, Any] = field(default_factory=dict)  # top-level keys (data, trainer) that differ
 
 
 def pk_weights(printed: str) -> list[float]:
@@ -107,10 +124,58 @@ def _pk_tag(printed: str) -> str:
 
 
 @cache
-def reference_rows(table: int) -> tuple[dict[str, str], ...]:
-    """The rows of ``topk_icml2022_table<table>.csv`` (strings)."""
-    with (REFERENCE / f"topk_icml2022_table{table}.csv").open(newline="", encoding="utf-8") as f:
+def reference_rows(table: int, stem: str = "topk_icml2022_table") -> tuple[dict[str, str], ...]:
+    """The rows of ``<stem><table>.csv`` (strings; default Petersen et al. 2022)."""
+    with (REFERENCE / f"{stem}{table}.csv").open(newline="", encoding="utf-8") as f:
         return tuple(csv.DictReader(f))
+
+
+def _setting(row: dict[str, str]) -> dict[str, str]:
+    """``"alpha=-1.5;batch=100"`` → ``{"alpha": "-1.5", "batch": "100"}``."""
+    return dict(part.strip().split("=", 1) for part in row["setting"].split(";") if "=" in part)
+
+
+def lapsum_rows() -> list[Row]:
+    """One row per Lap-Top-k (dataset, P_K) cell of LapSum Tables 1-2; the copied baselines get none.
+
+    Raises:
+        ValueError: a LapSum table row that is neither a copy nor Lap-Top-k (nothing would run it).
+    """
+    out = []
+    for table, folder in LAPSUM_TABLES.items():
+        seen = set()
+        for r in reference_rows(table, "lapsum_icml2025_table"):
+            if reference.copy_source(r) is not None:
+                continue
+            if r["operator"] != "lapsum":
+                raise ValueError(f"LapSum Table {table}: {r['method']!r} is neither Lap-Top-k nor a copy")
+            cell = (r["dataset"], r["model"], r["method"], r["pk"])
+            if cell in seen:
+                continue
+            seen.add(cell)
+            protocol, prefix = PROTOCOLS[(r["dataset"], r["model"])]
+            setting = _setting(r)
+            alpha, batch, epochs = float(setting["alpha"]), int(setting["batch"]), int(setting["epochs"])
+            overrides: dict[str, Any] = {}
+            if batch != PROTOCOL_BATCH_EPOCHS[protocol][0]:
+                overrides["data"] = {"batch_size": batch}
+            if epochs != PROTOCOL_BATCH_EPOCHS[protocol][1]:
+                overrides["trainer"] = {"max_epochs": epochs}
+            key = {"paper": LAPSUM, "table": str(table), "dataset": r["dataset"], "model": r["model"],
+                   "method": r["method"], "pk": r["pk"]}
+            tag = _pk_tag(r["pk"])
+            notes = [f"α = {alpha:g} (Table 5's best) is β = −1/α; batch {batch}, {epochs} epochs (Table 5).",
+                     "LapSum's learning rate is lost: its LR grid and Table 5's best-LR row did not survive in the "
+                     "text,",
+                     f"so the row keeps the ICML 2022 protocol's Adam lr ({PROTOCOL_LR[protocol]}; docs/topk.md)."]
+            if protocol != "topk/cifar100":
+                notes += ["LapSum (§5.1) says it needs no m-subset but not whether Table 2 used one: the protocol's",
+                          "m is kept (loss.m=null ranks all classes)."]
+            out.append(Row(f"{folder}/{prefix}lapsum_{tag}",
+                           f"Struski et al. 2025 (LapSum), Table {table}: {r['method']}, P_K = {r['pk']}; lapsum, "
+                           f"α = {alpha:g}", protocol, key, operator="lapsum", params={"beta": -1.0 / alpha},
+                           pk=PK_NAMES[r["pk"]], notes=notes, overrides=overrides))
+    return out
 
 
 def _params(table: int, dataset: str, op: str, sigmoid: str, model: str) -> dict[str, Any]:
@@ -129,7 +194,8 @@ def _params(table: int, dataset: str, op: str, sigmoid: str, model: str) -> dict
 
 
 def rows() -> list[Row]:
-    """One row per (dataset, model, method, P_K) cell of Tables 1-6 (literature rows of Table 5 excepted)."""
+    """One row per (dataset, model, method, P_K) cell of Tables 1-6 (literature rows of Table 5 excepted), then
+    :func:`lapsum_rows`."""
     out = []
     for table in TABLES:
         seen = set()
@@ -161,7 +227,7 @@ def rows() -> list[Row]:
             note = "; β not published: sweep it (docs/topk.md)" if op == "sinkhorn" else " (README)"
             out.append(Row(f"{TABLES[table]}/{prefix}{short}_{tag}", f"{where}; {ours}, {temp}{note}", protocol,
                            key, operator=ours, params=params, pk=pk, sweep_beta=op == "sinkhorn"))
-    return out
+    return out + lapsum_rows()
 
 
 # ---- rendering ----
@@ -180,6 +246,7 @@ def render_row(row: Row) -> str:
     if row.loss:
         lines.append(f"  - override /loss: {row.loss}")
     lines += ["  - _self_", ""]
+    lines += [f"# {note}" for note in row.notes]
     if row.sweep_beta:
         lines.append(f"# β not published: python train.py experiment=topk/{row.name} hparams_search=beta_grid "
                      "sweep.beta_min=4 sweep.beta_max=1024")
@@ -189,6 +256,7 @@ def render_row(row: Row) -> str:
         lines.append(f"operator: {yaml_flow(row.params)}")
     if isinstance(row.pk, list):
         lines.append(f"pk: {yaml_flow({'weights': row.pk})}")
+    lines += [f"{k}: {yaml_flow(v)}" for k, v in row.overrides.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -207,7 +275,7 @@ def render() -> dict[str, str]:
 
 def main() -> dict[str, str]:
     """Rewrite the table folders (stale rows removed), print how many configs; returns what was written."""
-    files = write_generated(OUT, TABLES.values(), render())
+    files = write_generated(OUT, FOLDERS, render())
     print(f"wrote {len(files)} configs under {OUT}")
     return files
 

@@ -5,7 +5,14 @@ sigmoid, network, n, pk, m, setting, metric, value, std, n_runs, note``; all str
 applicable; accuracies in %). ``lapsum_icml2025_table4.csv`` is transcribed from LapSum (Struski et al.,
 ICML 2025) Table 4 in the same format, ``lapsum_icml2025_table3.csv`` from its Table 3 (deep kNN) and
 ``soft_topk_neurips2020_table1.csv`` from SOFT top-k (Xie et al., NeurIPS 2020) Table 1 (deep kNN; ``n`` empty,
-k = 9 in ``setting``).
+k = 9 in ``setting``). ``lapsum_icml2025_table1.csv`` / ``table2.csv`` are LapSum's Tables 1 (CIFAR-100) and 2
+(ImageNet-1K / 21K-P heads), with α, batch and epochs of its Appendix D Table 5 in ``setting``.
+
+**Copies.** A paper that reprints another's numbers as its baselines (LapSum Tables 1, 2 reprint Petersen et al.
+2022 Tables 1, 2; LapSum Table 3 reprints Xie et al. 2020 Table 1) stores them with ``copy_of=<paper>:<table>``
+in ``setting``; :func:`copy_source` finds the original row (same dataset, operator, P_K and metric). No experiment
+config points at a copy: the original's row is the one run, and the report shows its runs beside the copy
+without counting them again.
 
 An experiment's ``paper:`` key is a dict of some of these columns (e.g. ``{paper: petersen_thesis_2022,
 table: "3.7", dataset: mnist4, method: Cauchy CDF, network: odd_even, n: 5}``); :func:`match` returns the
@@ -63,6 +70,30 @@ def _norm(v: object) -> str:
     return str(v).strip()
 
 
+def copy_source(row: Mapping[str, str]) -> dict[str, str] | None:
+    """The original of a copied reference row (``copy_of=<paper>:<table>`` in its ``setting``), else None.
+
+    The original is the row of that paper and table with the same ``dataset``, ``operator``, ``pk`` and
+    ``metric`` (the method labels differ between papers: "NeuralSort" vs "Top-5 NeuralSort").
+
+    Raises:
+        ValueError: a malformed ``copy_of`` or not exactly one original.
+    """
+    marks = [part.strip()[len("copy_of="):] for part in row.get("setting", "").split(";")
+             if part.strip().startswith("copy_of=")]
+    if not marks:
+        return None
+    paper, _, table = marks[0].partition(":")
+    if len(marks) > 1 or not paper or not table:
+        raise ValueError(f"bad copy_of in setting {row.get('setting')!r}: want one copy_of=<paper>:<table>")
+    hits = [r for r in all_rows() if r["paper"] == paper and r["table"] == table
+            and all(r[c] == row.get(c, "") for c in ("dataset", "operator", "pk", "metric"))]
+    if len(hits) != 1:
+        raise ValueError(f"{row.get('paper')} Table {row.get('table')} {row.get('method')!r} {row.get('metric')}: "
+                         f"copy_of={paper}:{table} matches {len(hits)} rows, expected one")
+    return {k: v for k, v in hits[0].items() if k != "source_file"}
+
+
 def match(key: Mapping[str, object], rows: list[dict[str, str]] | None = None) -> list[dict[str, str]]:
     """Rows whose columns equal every entry of ``key`` (compared as strings, ``5`` == ``"5"``), duplicates once.
 
@@ -88,4 +119,4 @@ def match(key: Mapping[str, object], rows: list[dict[str, str]] | None = None) -
     return out
 
 
-__all__ = ["COLUMNS", "all_rows", "load_table", "match", "table_names"]
+__all__ = ["COLUMNS", "all_rows", "copy_source", "load_table", "match", "table_names"]

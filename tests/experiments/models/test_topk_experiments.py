@@ -1,6 +1,6 @@
-"""Top-k classification (Petersen et al. 2022, Tables 1-6) end to end: the CIFAR-100 protocol and every table row
-(generated = committed, paper keys, fast_dev_run on a tiny CIFAR-100 folder in the official pickle layout), the
-CIFAR ResNet-18 head and the test-at-best-validation-epoch selection."""
+"""Top-k classification (Petersen et al. 2022, Tables 1-6; LapSum, Struski et al. 2025, Tables 1-2) end to end: the
+CIFAR-100 protocol and every table row (generated = committed, paper keys, fast_dev_run on a tiny CIFAR-100 folder in
+the official pickle layout), the CIFAR ResNet-18 head and the test-at-best-validation-epoch selection."""
 
 from __future__ import annotations
 
@@ -18,10 +18,12 @@ from experiments.data.image_files import write_cifar100
 
 TOPK = [e for e in options("experiment") if e.startswith("topk/")]
 ROWS = [e for e in TOPK if e.startswith("topk/icml2022_t")]
-CIFAR = ["topk/cifar100", *(e for e in ROWS if e.startswith(("topk/icml2022_t1/", "topk/icml2022_t4/")))]
-IMAGENET = [e for e in ROWS if e not in CIFAR]
-# the default suite: a top-k operator row and a baseline-loss row
-SAMPLE = ["topk/icml2022_t1/dsn_uniform5", "topk/icml2022_t1/softmax_ce"]
+LAPSUM_ROWS = [e for e in TOPK if e.startswith("topk/lapsum_t")]
+CIFAR = ["topk/cifar100", *(e for e in ROWS + LAPSUM_ROWS
+                            if e.startswith(("topk/icml2022_t1/", "topk/icml2022_t4/", "topk/lapsum_t1/")))]
+IMAGENET = [e for e in ROWS + LAPSUM_ROWS if e not in CIFAR]
+# the default suite: a top-k operator row, a baseline-loss row and a LapSum row
+SAMPLE = ["topk/icml2022_t1/dsn_uniform5", "topk/icml2022_t1/softmax_ce", "topk/lapsum_t1/lapsum_uniform5"]
 IMAGENET_PROTOCOLS = ("topk/imagenet1k", "topk/imagenet21kp", "topk/imagenet1k_effnet_l2")
 
 
@@ -41,16 +43,16 @@ def test_committed_rows_are_the_generators_output():
     files = gen.render()
     out = CONFIGS / "experiment" / "topk"
     committed = {p.relative_to(out).as_posix(): p.read_text(encoding="utf-8")
-                 for table in gen.TABLES.values() for p in (out / table).glob("*.yaml")}
+                 for table in gen.FOLDERS for p in (out / table).glob("*.yaml")}
     assert sorted(committed) == sorted(files), "run python -m diffrank.experiments.generate_topk"
     for rel, text in files.items():
         assert committed[rel] == text, f"{rel} differs from the generator's output"
-    assert sorted(f"topk/{rel[:-5]}" for rel in files) == ROWS
+    assert sorted(f"topk/{rel[:-5]}" for rel in files) == sorted(ROWS + LAPSUM_ROWS)
 
 
 def test_every_table_cell_has_one_row_and_keys_match_one_reference_row_per_metric():
     # Tables 1-6: 10 + 20 + 32 + 16 + 6 (literature rows excepted) + 39 cells
-    assert len(ROWS) == 123 and set(SAMPLE) <= set(ROWS)
+    assert len(ROWS) == 123 and set(SAMPLE) <= set(ROWS + LAPSUM_ROWS)
     covered = set()
     for name in ROWS:
         cfg = OmegaConf.load(CONFIGS / "experiment" / f"{name}.yaml")
@@ -74,6 +76,53 @@ def test_every_table_cell_has_one_row_and_keys_match_one_reference_row_per_metri
                  for t in range(1, 7) for r in reference.load_table(f"topk_icml2022_table{t}")
                  if r["method"] != "literature"}
     assert covered == published
+
+
+def _cell(r: dict[str, str]) -> tuple[str, ...]:
+    return tuple(r[c] for c in ("paper", "table", "dataset", "model", "method", "pk", "metric"))
+
+
+def test_every_lapsum_cell_belongs_to_exactly_one_row():
+    """LapSum Tables 1-2: each Lap-Top-k cell is run by one lapsum_t<N> row; each copied baseline cell
+    (copy_of=petersen_difftopk_icml2022:<N>) is run by the one icml2022_t<N> row of its original, never by a LapSum
+    config; the copies print the originals rounded to two decimals (one known slip, noted in the CSV)."""
+    assert len(LAPSUM_ROWS) == 6
+    owners: dict[tuple[str, ...], list[str]] = {}
+    for name in ROWS + LAPSUM_ROWS:
+        cfg = OmegaConf.load(CONFIGS / "experiment" / f"{name}.yaml")
+        for r in reference.match(OmegaConf.to_container(cfg.paper, resolve=True)):
+            owners.setdefault(_cell(r), []).append(name)
+    published = [r for t in (1, 2) for r in reference.load_table(f"lapsum_icml2025_table{t}")]
+    assert len(published) == 22 + 44
+    copies = 0
+    for r in published:
+        original = reference.copy_source(r)
+        if original is None:
+            assert r["operator"] == "lapsum"
+            assert owners.get(_cell(r), []) == [f"topk/lapsum_t{r['table']}/" + owners[_cell(r)][0].rsplit("/", 1)[1]]
+            continue
+        copies += 1
+        run_by = owners.get(_cell(original), [])
+        assert len(run_by) == 1 and run_by[0].startswith(f"topk/icml2022_t{r['table']}/"), (r["method"], run_by)
+        assert _cell(r) not in owners  # no config runs the copy itself
+        if r["value"] and "rounding slip" not in r["note"]:
+            assert float(r["value"]) == round(float(original["value"]), 2), (r["method"], r["metric"])
+    assert copies == 18 + 36
+
+
+def test_lapsum_rows_compose_with_table5_settings(compose_train):
+    """Table 5's α (as β = −1/α), batch and epochs reach the composed config; the lr is the ICML protocol's."""
+    want = {"topk/lapsum_t1/lapsum_top5": (-1.5, 100, 200, 1e-3),
+            "topk/lapsum_t2/in1k_lapsum_half_top5": (-1.5, 500, 100, 10 ** -4.5),
+            "topk/lapsum_t2/in21kp_lapsum_top5": (-1.0, 500, 40, 1e-4)}
+    for name, (alpha, batch, epochs, lr) in want.items():
+        cfg = compose_train([f"experiment={name}"], fast=False)
+        assert cfg.hydra.runtime.choices.operator == "lapsum" and cfg.operator.beta == pytest.approx(-1 / alpha)
+        assert (cfg.data.batch_size, cfg.trainer.max_epochs) == (batch, epochs), name
+        assert cfg.model.optimizer.lr == pytest.approx(lr), name
+    for protocol, (batch, epochs) in gen.PROTOCOL_BATCH_EPOCHS.items():
+        cfg = compose_train([f"experiment={protocol}"], fast=False)
+        assert (cfg.data.batch_size, cfg.trainer.max_epochs) == (batch, epochs), protocol
 
 
 def test_readme_temperatures():
@@ -183,7 +232,7 @@ def embedding_root(tmp_path_factory):
     return root
 
 
-IMAGENET_SAMPLE = ["topk/icml2022_t2/in1k_dsn_half_top5"]
+IMAGENET_SAMPLE = ["topk/icml2022_t2/in1k_dsn_half_top5", "topk/lapsum_t2/in21kp_lapsum_top5"]
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in IMAGENET_SAMPLE else pytest.mark.slow)
