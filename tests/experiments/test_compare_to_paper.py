@@ -148,3 +148,56 @@ def test_bad_records_are_skipped_with_a_warning(tmp_path, capsys):
     assert line["ours"] == [80.0]
     err = capsys.readouterr().err
     assert "text/results.json: metric test/em = 'n/a' is not a number" in err and "list/results.json" in err
+
+
+ICML_T1_NS = {"paper": "petersen_difftopk_icml2022", "table": "1", "dataset": "cifar100", "model": "resnet18_cifar",
+              "method": "Top-5 NeuralSort", "pk": "[0,0,0,0,1]"}
+LAP_T1 = {"paper": "struski_lapsum_icml2025", "table": "1", "dataset": "cifar100", "model": "resnet18_cifar",
+          "method": "Lap-Top-k (ours)", "pk": "[0,0,0,0,1]"}
+
+
+def test_copied_baselines_show_the_originals_runs_once(tmp_path):
+    """LapSum Table 1 reprints Petersen et al. 2022 Table 1: the ICML row's two seeds appear in both sections, Δ
+    against each table's printed number, counted once; the Lap-Top-k run appears in LapSum's section only; the
+    LapSum section lists its whole table (unrun rows with ours empty)."""
+    _write(tmp_path, "ns/0", ICML_T1_NS, {"test/top1": 0.20, "test/top5": 0.80})
+    _write(tmp_path, "ns/1", ICML_T1_NS, {"test/top1": 0.24, "test/top5": 0.84})
+    _write(tmp_path, "lap", LAP_T1, {"test/top1": 0.56, "test/top5": 0.86})
+    result = report.write_report([tmp_path], tmp_path / "report", quiet=True)
+    assert result["runs"] == 3
+    icml = result["tables"][("petersen_difftopk_icml2022", "1")]
+    lap = result["tables"][("struski_lapsum_icml2025", "1")]
+    assert len(icml) == 2 and all(ln["runs"] == 2 for ln in icml)
+    assert len(lap) == len(reference.load_table("lapsum_icml2025_table1")) == 22  # the whole table
+    copied = [ln for ln in lap if ln.get("copy_of")]
+    assert len(copied) == 18 and {ln["copy_of"] for ln in copied} == {"petersen_difftopk_icml2022 Table 1"}
+    ns = {ln["metric"]: ln for ln in copied if ln["row"]["operator"] == "neuralsort" and ln["runs"]}
+    assert ns["top1"]["mean"] == pytest.approx(22.0) and ns["top1"]["delta"] == pytest.approx(22.0 - 22.58)
+    assert sum(ln["runs"] for ln in copied) == 4  # the two seeds, top-1 and top-5: no other copy has runs
+    own = {ln["metric"]: ln for ln in lap if ln["row"]["method"] == "Lap-Top-k (ours)" and ln["runs"]}
+    assert own["top1"]["mean"] == pytest.approx(56.0) and own["top1"]["delta"] == pytest.approx(56.0 - 57.20)
+    # runs sum to 2 seeds x 2 metrics in the original's section, once more only as a copy: no run is pooled twice
+    assert all(ln["runs"] in (0, 2) for ln in copied)
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "## struski_lapsum_icml2025, Table 1" in md and "reprint petersen_difftopk_icml2022 Table 1" in md
+    # a table whose originals alone have runs still gets its section; without copies=True (W&B) it does not
+    only_icml = report.collect_runs([(tmp_path / "ns/0/results.json", json.loads(
+        (tmp_path / "ns/0/results.json").read_text()))], copies=True)
+    assert ("struski_lapsum_icml2025", "1") in only_icml["tables"]
+    assert ("struski_lapsum_icml2025", "1") not in report.collect_runs([(tmp_path / "ns/0/results.json", json.loads(
+        (tmp_path / "ns/0/results.json").read_text()))])["tables"]
+
+
+def test_copy_source_finds_one_original():
+    rows = reference.load_table("lapsum_icml2025_table1")
+    ns = next(r for r in rows if r["operator"] == "neuralsort" and r["pk"] == "[0,0,0,0,1]" and r["metric"] == "top1")
+    assert reference.copy_source(ns)["method"] == "Top-5 NeuralSort"
+    assert reference.copy_source(next(r for r in rows if r["operator"] == "lapsum")) is None
+    with pytest.raises(ValueError, match="matches 0 rows"):
+        reference.copy_source({**ns, "operator": "nope"})
+    with pytest.raises(ValueError, match="bad copy_of"):
+        reference.copy_source({**ns, "setting": "copy_of=petersen_difftopk_icml2022"})
+    t3 = reference.load_table("lapsum_icml2025_table3")
+    ae = [r for r in t3 if r["operator"] == "autoencoder"]
+    assert len(ae) == 2 and all(reference.copy_source(r) is None for r in ae)  # Xie et al. do not print kNN+AE
+    assert sum(reference.copy_source(r) is not None for r in t3) == 18

@@ -29,6 +29,13 @@ the β with the best seed-mean validation accuracy (``val/top1_best``, else the 
 reported, and the line says which β (``selected``). Our values are printed with the paper's decimals, at least
 two (ImageNet-1K top-5 has three). Reference rows of a table that are not runs (Petersen et al. 2022 Table 5's
 published numbers of other models, ``method`` ``literature``) are shown with the table's lines, ours empty.
+
+Copied baselines: a table that reprints another paper's numbers (``copy_of=<paper>:<table>`` in the reference row's
+``setting``, :func:`diffrank.reference.copy_source`; LapSum Tables 1-3 reprint Petersen et al. 2022 Tables 1-2 and
+Xie et al. 2020 Table 1) gets a section as soon as one of its own rows or one of the originals has runs; each
+copied row is shown with the runs of its original (Δ against the number as this table prints it), which no config
+runs a second time: ``runs`` in the result counts each record once, and the plot shows a run in its original's
+panel only.
 """
 
 from __future__ import annotations
@@ -90,7 +97,8 @@ def run_budget(run: dict[str, Any]) -> str:
 
 
 def collect(paths: Iterable[str | Path], metric_prefix: str = "test/") -> dict[str, Any]:
-    """Match every results.json under ``paths`` to the reference rows (:func:`collect_runs` on the files read).
+    """Match every results.json under ``paths`` to the reference rows (:func:`collect_runs` on the files read,
+    copied baselines included).
 
     Returns:
         ``{"tables": {(paper, table): [line, ...]}, "unmatched": [(path, paper_key)], "skipped": int,
@@ -107,19 +115,22 @@ def collect(paths: Iterable[str | Path], metric_prefix: str = "test/") -> dict[s
             print(f"warning: cannot read {path} (missing, partial or not a JSON object)", file=sys.stderr)
             continue
         runs.append((path, rec.to_dict()))
-    return collect_runs(runs, metric_prefix)
+    return collect_runs(runs, metric_prefix, copies=True)
 
 
-def collect_runs(records: Iterable[tuple[str | Path, dict[str, Any]]], metric_prefix: str = "test/") -> dict[str, Any]:
+def collect_runs(records: Iterable[tuple[str | Path, dict[str, Any]]], metric_prefix: str = "test/",
+                 copies: bool = False) -> dict[str, Any]:
     """Match in-memory ``results.json`` records to the reference rows (what :func:`collect` does after reading
     the files; a finishing run calls it on its own record to log the comparison to W&B).
 
     Args:
         records: ``(path of the results.json, record)`` pairs; runs sharing a ``paper`` key are pooled (seeds).
         metric_prefix: our metric for a reference metric ``M`` is ``<prefix><m>``, m = M lower-cased.
+        copies: also show the tables that reprint a matched row (:func:`copy_lines`; the report does, a run's own
+            W&B comparison does not).
 
     Returns:
-        The same dict as :func:`collect`.
+        The same dict as :func:`collect`; a copied row's line has ``copy_of`` (``"<paper> Table <table>"``).
     """
     groups: dict[tuple, list[tuple[Path, dict[str, Any]]]] = defaultdict(list)
     unmatched, skipped, runs = [], 0, 0
@@ -160,6 +171,9 @@ def collect_runs(records: Iterable[tuple[str | Path, dict[str, Any]]], metric_pr
                 "run_dirs": [str(p.parent) for p, _ in members], "selected": selected,
                 "data": "synthetic" if synthetic else "",
             })
+    if copies:
+        for key, lines in copy_lines(tables).items():
+            tables[key].extend(lines)
     for (paper, table), lines in tables.items():
         lines.extend(_reference_only(paper, table, lines))
     for lines in tables.values():
@@ -214,6 +228,69 @@ def select_beta(members: list[tuple[Path, dict[str, Any]]]) -> tuple[list[tuple[
         scores[beta] = statistics.fmean(vals) if vals else -math.inf
     best = max(sorted(betas, key=lambda b: (b is None, b or 0.0)), key=lambda b: scores[b])
     return [(p, r) for p, r in members if _beta(r) == best], f"β={best:g} (best val of {len(betas)} β)"
+
+
+def _ident(row: dict[str, str]) -> tuple[str, ...]:
+    return tuple(row.get(c, "") for c in reference.COLUMNS)
+
+
+def copy_lines(tables: dict[tuple[str, str], list[dict[str, Any]]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Lines for the copied reference rows (``copy_of=`` in ``setting``) of every table that has lines already or
+    whose originals have: each copy gets its original's runs (one line per group of the original: budget,
+    data), Δ against the copy's printed value, and ``copy_of``; a copy whose original has no runs, and the
+    table's own rows without runs, are shown with ours empty (the whole published table, ours beside it).
+
+    Args:
+        tables: :func:`collect_runs`' lines so far, ``{(paper, table): [line, ...]}`` (not modified).
+
+    Returns:
+        ``{(paper, table): [new line, ...]}`` for the copying tables to show.
+    """
+    originals: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
+    for lines in tables.values():
+        for ln in lines:
+            if ln["runs"] and not ln.get("copy_of"):
+                originals[_ident(ln["row"])].append(ln)
+    pairs: dict[tuple[str, str], list[tuple[dict[str, str], dict[str, str] | None]]] = defaultdict(list)
+    for row in reference.all_rows():
+        pairs[(row["paper"], row["table"])].append((row, reference.copy_source(row)))
+    pairs = {key: members for key, members in pairs.items() if any(src for _, src in members)}
+    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for key, members in pairs.items():
+        if key not in tables and not any(originals.get(_ident(src)) for _, src in members if src):
+            continue  # nothing of this table was run
+        shown = {_ident(ln["row"]) for ln in tables.get(key, [])}
+        new = []
+        for row, src in members:
+            if src is None:  # the table's own row: shown (ours empty) when no run of it is
+                if _ident(row) not in shown:
+                    new += _reference_only_line(row)
+                continue
+            try:
+                value = float(row["value"])
+            except ValueError:  # a cell lost in the text: shown as —
+                value = math.nan
+            label = f"{src['paper']} Table {src['table']}"
+            for orig in originals.get(_ident(src)) or [None]:
+                ours = list(orig["ours"]) if orig else []
+                mean = statistics.fmean(ours) if ours else math.nan
+                new.append({"row": row, "metric": row["metric"], "paper": value, "ours": ours, "mean": mean,
+                            "std": orig["std"] if orig else None, "delta": mean - value if ours else math.nan,
+                            "runs": len(ours), "budget": orig["budget"] if orig else "",
+                            "run_dirs": list(orig["run_dirs"]) if orig else [],
+                            "selected": orig["selected"] if orig else None,
+                            "data": orig.get("data", "") if orig else "", "copy_of": label})
+        out[key] = new
+    return out
+
+
+def _reference_only_line(row: dict[str, str]) -> list[dict[str, Any]]:
+    try:
+        value = float(row["value"])
+    except ValueError:
+        value = math.nan
+    return [{"row": row, "metric": row["metric"], "paper": value, "ours": [], "mean": math.nan, "std": None,
+             "delta": math.nan, "runs": 0, "budget": "", "run_dirs": [], "selected": None}]
 
 
 def _reference_only(paper: str, table: str, lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -279,7 +356,7 @@ def table_rows(lines: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]
         if delta != "—" and not delta.startswith("-"):
             delta = "+" + delta
         cells.append([*(ln["row"].get(c, "") for c in cols), *([ln.get("data") or "real"] if synthetic else []),
-                      ln["metric"], ln["row"]["value"], ours, delta,
+                      ln["metric"], ln["row"]["value"] or "—", ours, delta,
                       str(ln["runs"]), ln["budget"], *([ln.get("selected") or ""] if selected else [])])
     return header, cells
 
@@ -295,6 +372,11 @@ def markdown(result: dict[str, Any]) -> str:
         out += [f"## {paper}, Table {table}", "", "| " + " | ".join(header) + " |",
                 "|" + "|".join("---" for _ in header) + "|"]
         out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in cells]
+        sources = sorted({ln["copy_of"] for ln in lines if ln.get("copy_of")})
+        if sources:
+            out += ["", f"Rows with `copy_of=` in `setting` reprint {', '.join(sources)}: ours there are the runs of "
+                    "that table's row (also in its own section, counted once); Δ is against the number as printed "
+                    "here."]
         out.append("")
     if result["unmatched"]:
         out += ["## Runs whose `paper` key matches no reference row", ""]
@@ -305,7 +387,8 @@ def markdown(result: dict[str, Any]) -> str:
 
 def plot(result: dict[str, Any], path: Path) -> Path | None:
     """Ours vs paper, one panel per table (error bars = std over runs); None when nothing to plot."""
-    tables = {k: [ln for ln in v if ln["runs"] and not math.isnan(ln["paper"])] for k, v in result["tables"].items()}
+    tables = {k: [ln for ln in v if ln["runs"] and not math.isnan(ln["paper"]) and not ln.get("copy_of")]
+              for k, v in result["tables"].items()}
     tables = {k: v for k, v in tables.items() if v}
     if not tables:
         return None
