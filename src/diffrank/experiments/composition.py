@@ -82,8 +82,11 @@ def check_row_method(cfg: DictConfig, choices: dict[str, Any]) -> None:
     protocol = row_protocol(row) if row else None
     instead = (f"experiment={protocol} {group}={chosen} plus the row's other settings (data, trainer) from "
                f"configs/experiment/{row}.yaml" if protocol else f"the row's protocol with {group}={chosen}")
+    own = load_yaml("experiment", row).get("defaults", []) if row and row_protocol(row) else []
+    row_group = next((g for g in METHOD_GROUPS for e in own if isinstance(e, dict)
+                      and e.get(f"override /{g}") == row_method), group)
     raise ValueError(
-        f"experiment={row} is the paper's row for {group}={row_method}: with {group}={chosen} Hydra would merge "
+        f"experiment={row} is the paper's row for {row_group}={row_method}: with {group}={chosen} Hydra would merge "
         f"the row's {group} parameters into {chosen}'s config and the run would carry the row's paper key. "
         f"Run {instead}")
 

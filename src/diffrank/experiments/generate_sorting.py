@@ -7,10 +7,10 @@ protocol (steps, batch, learning rate, loss form), ``paper_method`` and the ``pa
 columns of ``src/diffrank/reference/*.csv`` (``python -m diffrank.experiments.report`` matches a run to those rows).
 
 Sources: thesis Tables 2.1 (§2.3: relaxed bubble sort, with the Det. NeuralSort and Optimal Transport
-baselines), 3.3, 3.4 (SVHN), 3.5, 3.6, 3.7 and 7.3 ("Regular" rows), the β of Table 3.8 read from
-``sorting_thesis_table3_8_beta.csv`` and the ART rule β = 2 · layers; LapSum (ICML 2025) Table 4. SVHN rows
-(name prefix ``svhn_``) use the MNIST β of Table 3.8 where the thesis gives none. Not generated: stochastic
-NeuralSort (no operator), Newton losses.
+baselines), 3.3, 3.4 (SVHN), 3.5, 3.6, 3.7, 7.2 (RESGRO) and 7.3 (Regular and Newton-loss rows), the β of
+Table 3.8 read from ``sorting_thesis_table3_8_beta.csv`` and the ART rule β = 2 · layers; LapSum (ICML 2025)
+Table 4. SVHN rows (name prefix ``svhn_``) use the MNIST β of Table 3.8 where the thesis gives none. Not
+generated: stochastic NeuralSort (no operator).
 
 Usage: ``python -m diffrank.experiments.generate_sorting`` (or ``python scripts/make_sorting_experiments.py``;
 rewrites the table folders of :func:`diffrank.registry.config_dir`, the checkout's ``configs/`` in an editable
@@ -34,8 +34,8 @@ from diffrank.registry import config_dir
 
 OUT = config_dir() / "experiment" / "sorting"
 REFERENCE = Path(reference.__file__).parent  # the reference CSVs (package data)
-TABLES = ("thesis_t2_1", "thesis_t3_3", "thesis_t3_4", "thesis_t3_5", "thesis_t3_6", "thesis_t3_7", "thesis_t7_3",
-          "lapsum_t4")
+TABLES = ("thesis_t2_1", "thesis_t3_3", "thesis_t3_4", "thesis_t3_5", "thesis_t3_6", "thesis_t3_7", "thesis_t7_2",
+          "thesis_t7_3", "lapsum_t4")
 THESIS = "petersen_thesis_2022"
 NETWORKS = ("odd_even", "bitonic")
 # thesis sigmoid id (reference CSVs) -> (our operator's sigmoid, β_code / β_thesis, short name, Table 3.7 method)
@@ -52,25 +52,35 @@ BASELINES_33 = (("neuralsort", "Det. NeuralSort"), ("sinkhorn", "Optimal Transpo
                 ("fast_soft_sort", "Fast Sort & Rank"))
 LOSS = {"fast_soft_sort": "sort_rank_mse",  # operators without P train on soft ranks
         "relaxed_bubble_sort": "sort_swaps"}  # thesis §2.3: the relaxed swap count is the loss
+# thesis Table 7.3's Newton-loss rows: paper method -> the newton group's choice
+NEWTON = {"NL (Hessian)": "hessian", "NL (Fisher)": "fisher"}
 
 
 @dataclass
 class Row:
-    """One experiment config: ``configs/experiment/sorting/<name>.yaml``."""
+    """One experiment config: ``configs/experiment/sorting/<name>.yaml``. ``operator`` None: a row whose method is
+    its loss (``method_loss``, RESGRO); ``newton``: the Newton loss it trains with (Table 7.3)."""
 
     name: str
     title: str
-    operator: str
+    operator: str | None
     paper: dict[str, Any]
     n: int
     protocol: str = "mnist"
     params: dict[str, Any] = field(default_factory=dict)    # the operator's parameters
     settings: dict[str, Any] = field(default_factory=dict)  # other keys, dotted: {"trainer.max_steps": 200000}
+    newton: str | None = None
+    method_loss: str | None = None
 
     @property
     def loss(self) -> str | None:
         """The loss config this row's operator needs (None: the protocol's ``sort_bce``)."""
-        return LOSS.get(self.operator)
+        return self.method_loss or LOSS.get(self.operator)
+
+    @property
+    def method(self) -> str:
+        """``paper_method``: the operator, or the loss of a row without one."""
+        return self.operator or self.method_loss
 
 
 def layers(network: str, n: int) -> int:
@@ -194,9 +204,28 @@ def table_3_5() -> list[Row]:
             for lam, n, batch, half in columns]
 
 
+def table_7_2() -> list[Row]:
+    """Table 7.2: RESGRO with Kendall's τ as the objective (no ranking operator), n = 5, 10; Adam 1e-3, 1e5 steps,
+    batch 100 as Table 7.3 (the thesis gives the setting for both tables together); one-set, 30 samples, σ = 1
+    (``configs/loss/resgro.yaml``; not printed in the thesis)."""
+    return [Row(f"thesis_t7_2/resgro_n{n}", f"RESGRO, Kendall's τ objective, n = {n}, Adam 1e-3", None,
+                {"paper": THESIS, "table": "7.2", "dataset": "mnist4", "method": "RESGRO", "n": n}, n,
+                settings={"model.optimizer.lr": 1e-3}, method_loss="resgro")
+            for n in (5, 10)]
+
+
 def table_7_3() -> list[Row]:
-    """Table 7.3 "Regular" rows: Adam 1e-3, 1e5 steps, batch 100; DSNs odd-even (inferred) at the β of Table
-    3.8 for n = 5 (none is given for n = 10: the n = 9 value is used)."""
+    """Table 7.3: Regular, NL (Hessian) and NL (Fisher) rows: Adam 1e-3, 1e5 steps, batch 100; DSNs odd-even
+    (inferred) at the β of Table 3.8 for n = 5 (none is given for n = 10: the n = 9 value is used). The Newton rows
+    select ``newton=hessian`` / ``fisher`` with the group's λ (the thesis does not print it). The Hessian rows of
+    the sorting networks are refused at the first step (their custom autograd Function has no double backward;
+    docs/newton.md)."""
+    return [row for method in ("Regular", *NEWTON) for row in _table_7_3(method)]
+
+
+def _table_7_3(method: str) -> list[Row]:
+    newton = NEWTON.get(method)
+    suffix = f"_{newton}" if newton else ""
     rows = []
     for n in (5, 10):
         for op, sig in (("diffsort_odd_even", "cauchy"), ("diffsort_odd_even", "logistic"),
@@ -209,9 +238,9 @@ def table_7_3() -> list[Row]:
                 title = f"odd-even, {sig}, n = {n}, β = {printed} (Table 3.8, n = {m})"
             else:
                 params, key, short, title = {"beta": BASELINE_BETA[op]}, {"operator": op}, op, f"{op}, n = {n}"
-            rows.append(Row(f"thesis_t7_3/{short}_n{n}", f"{title}, Adam 1e-3", op,
-                            {"paper": THESIS, "table": "7.3", "dataset": "mnist4", "method": "Regular", **key, "n": n},
-                            n, params=params, settings={"model.optimizer.lr": 1e-3}))
+            rows.append(Row(f"thesis_t7_3/{short}_n{n}{suffix}", f"{title}, {method}, Adam 1e-3", op,
+                            {"paper": THESIS, "table": "7.3", "dataset": "mnist4", "method": method, **key, "n": n},
+                            n, params=params, settings={"model.optimizer.lr": 1e-3}, newton=newton))
     return rows
 
 
@@ -239,7 +268,7 @@ def rows() -> list[Row]:
         *baseline_rows("3.7", "mnist", baselines_37, (3, 5, 7, 9, 15, 32), **{"trainer.max_steps": 200000}),
         *baseline_rows("3.7", "mnist", (("fast_soft_sort", "Fast Sort & Rank"),), (3, 5, 7, 9, 15),
                        **{"trainer.max_steps": 200000}),
-        *table_7_3(), *lapsum_rows(),
+        *table_7_2(), *table_7_3(), *lapsum_rows(),
     ]
 
 
@@ -256,12 +285,13 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 @cache
-def _base(protocol: str, operator: str, loss: str | None) -> dict[str, Any]:
-    """The flattened config of ``experiment=sorting/<protocol> operator=<operator> [loss=<loss>]``."""
+def _base(protocol: str, operator: str | None, loss: str | None) -> dict[str, Any]:
+    """The flattened config of ``experiment=sorting/<protocol> operator=<operator or null> [loss=<loss>]``."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    overrides = [f"experiment=sorting/{protocol}", f"operator={operator}", *([f"loss={loss}"] if loss else [])]
+    overrides = [f"experiment=sorting/{protocol}", f"operator={operator}" if operator else "~operator",
+                 *([f"loss={loss}"] if loss else [])]
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
     return _flatten(OmegaConf.to_container(cfg, resolve=False))
@@ -285,15 +315,17 @@ def render_row(row: Row) -> str:
     base = _base(row.protocol, row.operator, row.loss)
     wanted = {**{f"operator.{k}": v for k, v in row.params.items()}, **row.settings}
     differs = {k: v for k, v in wanted.items() if base.get(k) != v or type(base.get(k)) is not type(v)}
-    body = {"paper_method": row.operator, "paper": row.paper,
+    body = {"paper_method": row.method, "paper": row.paper,
             **_nest({**{k: v for k, v in differs.items() if k.startswith("operator.")}, "data.n": row.n,
                      **{k: v for k, v in differs.items() if not k.startswith("operator.")}})}
     source = "LapSum (Struski et al. 2025) Table 4" if row.paper["paper"] != THESIS else \
         f"Thesis Table {row.paper['table']} ({'MNIST' if row.protocol == 'mnist' else 'SVHN'})"
     lines = ["# @package _global_", f"# {source}: {row.title}.",
              "# Generated by scripts/make_sorting_experiments.py: edit the generator, not this file.",
-             "defaults:", f"  - /experiment/sorting/{row.protocol}", f"  - override /operator: {row.operator}",
-             *([f"  - override /loss: {row.loss}"] if row.loss else []), "  - _self_", ""]
+             "defaults:", f"  - /experiment/sorting/{row.protocol}",
+             f"  - override /operator: {row.operator or 'null'}",
+             *([f"  - override /loss: {row.loss}"] if row.loss else []),
+             *([f"  - override /newton: {row.newton}"] if row.newton else []), "  - _self_", ""]
     lines += [f"{k}: {yaml_flow(v)}" for k, v in body.items()]
     return "\n".join(lines) + "\n"
 
