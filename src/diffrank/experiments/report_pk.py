@@ -37,7 +37,8 @@ PAPER = "petersen_difftopk_icml2022"
 PK_ORDER = ("[1,0,0,0,0]", "[0,0,0,0,1]", "[.5,0,0,0,.5]", "[.25,0,0,0,.75]", "[.1,0,0,0,.9]", "[.2,.2,.2,.2,.2]")
 METHOD_ORDER = ("softmax_ce", "neuralsort", "softsort", "sinkhorn", "dsn", "lapsum")
 METHOD_NAMES = {"softmax_ce": "Softmax", "neuralsort": "NeuralSort", "softsort": "SoftSort",
-                "sinkhorn": "SinkhornSort", "dsn": "DiffSortNets", "lapsum": "LapSum"}
+                "sinkhorn": "SinkhornSort", "dsn": "DiffSortNets", "lapsum": "LapSum",
+                "lapsum_alpha1": "LapSum α=-1"}  # LapSum at its ImageNet-21K-P α (the grid's lapsum is α = -1.5)
 SOFTMAX = ("softmax_ce", "[1,0,0,0,0]")
 TOP5, HALF, QUARTER, TENTH, UNIFORM = PK_ORDER[1:]
 

@@ -180,8 +180,9 @@ def test_rows_cover_the_pk_grid():
         cells.add((b.operator, canonical_pk(parse_pk(b.pk))))
     pks = {"[0,0,0,0,1]", "[.5,0,0,0,.5]", "[.25,0,0,0,.75]", "[.1,0,0,0,.9]", "[.2,.2,.2,.2,.2]"}
     assert cells == {("softmax_ce", "[1,0,0,0,0]")} | {(op, pk) for op in ("neuralsort", "softsort", "dsn", "lapsum")
-                                                     for pk in pks}
-    assert len(ROWS) == 21
+                                                     for pk in pks} | {
+        ("lapsum_alpha1", "[0,0,0,0,1]"), ("lapsum_alpha1", "[.5,0,0,0,.5]")}  # LapSum's α = -1 (its Table 5)
+    assert len(ROWS) == 23
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in SAMPLE else pytest.mark.slow) for n in ROWS])
@@ -211,6 +212,8 @@ def test_temperatures_of_the_rows():
         cfg = OmegaConf.load(CONFIGS / "experiment" / BENCH / f"{name}.yaml")
         return cfg.operator
     assert op("neuralsort_top5").beta == 0.0625 and op("softsort_uniform5").beta == 0.0625
+    # LapSum at its published α (Struski et al. 2025, Table 5): -1.5 for the grid, -1 for the alpha1 rows
+    assert op("lapsum_top5").beta == pytest.approx(1 / 1.5) and op("lapsum_alpha1_half_top5").beta == 1.0
     dsn = op("dsn_half_top5")
     assert (dsn.beta, dsn.sigmoid, dsn.art_lambda) == (0.5, "logistic_phi", 0.5)
     assert op("lapsum_tenth_top5").beta == pytest.approx(1 / 1.5)  # alpha = -1.5
