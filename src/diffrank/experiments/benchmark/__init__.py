@@ -11,7 +11,9 @@
 The ``grid`` suite (:mod:`diffrank.experiments.benchmark.grid`; docs/gpu.md) runs every operator of
 ``configs/operator/`` x backend against its peer library over n x k x B (``--n``, ``--ks``, ``--batches``; default
 grid in ``grid.GRID``), with a roofline column and, with ``--table39``, the thesis' Table 3.9 sizes; it is run
-only when asked for (``--suite grid``), the other suites are the default.
+only when asked for (``--suite grid``), the other suites are the default. So is ``lapsum_figures``
+(:mod:`diffrank.experiments.benchmark.lapsum_figures`): the LapSum paper's runtime / memory / approximation
+figures, CSVs and critical-difference diagrams into ``--figures-dir`` (docs/lapsum_figures.md).
 
 Suites are the modules ``diffrank.experiments.benchmark.<suite>`` (one per family of operators; the shared
 timing and memory measurement is :mod:`diffrank.experiments.benchmark.harness`) and expose
@@ -25,7 +27,7 @@ import importlib
 import os
 import sys
 
-SUITES = ["basic", "networks", "others", "grid"]
+SUITES = ["basic", "networks", "others", "grid", "lapsum_figures"]
 DEFAULT_SUITES = ["basic", "networks", "others"]
 
 
@@ -51,6 +53,10 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--table39-batches", type=int, nargs="+", help="B for --table39 (default 1 128)")
     g.add_argument("--csv", help="write the grid's raw records to this CSV")
     g.add_argument("--png", help="write a log-log plot of time vs n to this PNG")
+    g = p.add_argument_group("lapsum_figures suite (the LapSum paper's Figs. 5, 7, 10, 11, 14; --n applies too)")
+    g.add_argument("--figures-dir", default="docs/figures", help="where its CSVs and PNGs go")
+    g.add_argument("--cap-seconds", type=float, default=10.0, help="a method stops above this predicted s/call")
+    g.add_argument("--cap-gb", type=float, default=3.0, help="a method stops above this predicted peak memory")
     args = p.parse_args(argv)
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None and argv is None:
         # glibc then maps every block >= 64 KiB separately and unmaps it on free, so the resident set
@@ -73,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
         for title, rows in mod.run(args):
             setting = f"device={_device_name(args.device)}, threads={torch.get_num_threads()}"
-            if suite != "grid":
+            if suite not in ("grid", "lapsum_figures"):
                 setting = f"B={args.batch}, k={args.k}, " + setting
             print_table(f"{title} ({setting})", rows)
 
