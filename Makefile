@@ -8,7 +8,7 @@ export OMP_NUM_THREADS ?= 2
 export HF_HUB_OFFLINE ?= 1
 export WANDB_MODE ?= offline
 
-.PHONY: help install torchsort train test test-slow test-all bench lint format report clean clean-outputs
+.PHONY: help install torchsort lapsum-reference train test test-slow test-all bench lint format report clean clean-outputs
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -28,6 +28,11 @@ CUDA_HOME ?= $(or $(lastword $(sort $(wildcard /usr/local/cuda-*))),/usr/local/c
 torchsort: $(STAMP)  ## optional: build torchsort 0.1.10 from source (~4 min), the fast-soft-sort reference
 	TORCH_CUDA_ARCH_LIST="$${TORCH_CUDA_ARCH_LIST:-9.0}" LIBRARY_PATH="$(CUDA_HOME)/lib64:$$LIBRARY_PATH" \
 		$(BIN)/python -m pip install -q --no-build-isolation torchsort==0.1.10
+
+# The official LapSum CPU extension (MIT; kept in ../shared/peers/lapsum_official, never vendored): a benchmark and
+# parity reference. JIT-compiled into ~/.cache/diffrank/lapsum_official; without it its bench rows and tests skip.
+lapsum-reference: $(STAMP)  ## optional: JIT-build the official LapSum C++ extension (~1.5 min; skips without the source)
+	$(BIN)/python -m diffrank.experiments.benchmark.lapsum_reference --build
 
 train: $(STAMP)  ## run the default experiment: operator=sinkhorn pk=half_top5 on digits100 (real data)
 	$(BIN)/python train.py $(ARGS)
