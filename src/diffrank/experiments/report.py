@@ -88,12 +88,18 @@ def is_fraction(row: dict[str, str]) -> bool:
 def run_budget(run: dict[str, Any]) -> str:
     """``steps×batch`` of a run: optimizer steps actually taken and the global batch (summed over DDP ranks);
     the fallbacks of older records are :meth:`RunRecord.from_dict`'s. A run in another precision than float32
-    says so (``10000×4 bf16-mixed``): its numbers are not seeds of the float32 runs."""
+    says so (``10000×4 bf16-mixed``): its numbers are not seeds of the float32 runs; a Newton-loss run names its
+    Tikhonov λ (``1430×70 λ=1``), so that runs of different λ are not pooled."""
     rec = RunRecord.from_dict(run)
     steps, batch = rec.steps, rec.global_batch
     budget = f"{steps}×{batch}" if steps is not None and batch is not None else "?"
     precision = str(rec.planned("trainer.precision", ("trainer", "precision")) or "32-true")
-    return budget if precision in ("32-true", "32", "32-bit") else f"{budget} {precision}"
+    budget = budget if precision in ("32-true", "32", "32-bit") else f"{budget} {precision}"
+    # a Newton-loss run with another λ (thesis §7.3; not printed in the thesis) is not a seed of the row's λ
+    newton = rec.config.get("newton") if isinstance(rec.config, dict) else None
+    if isinstance(newton, dict) and newton.get("variant") not in (None, "none") and newton.get("tikhonov") is not None:
+        budget += f" λ={float(newton['tikhonov']):g}"
+    return budget
 
 
 def collect(paths: Iterable[str | Path], metric_prefix: str = "test/") -> dict[str, Any]:

@@ -222,3 +222,44 @@ def test_report_never_pools_synthetic_with_real_runs(tmp_path):
     header, cells = compare.table_rows(compare.collect([tmp_path])["tables"][("petersen_thesis_2022", "2.2")])
     rows = sorted((r[header.index("data")], r[header.index("ours")], r[header.index("runs")]) for r in cells)
     assert rows == [("real", "90.00", "1"), ("synthetic", "50.00", "1")]
+
+
+def test_report_sections_of_chapter_7_and_newton_runs_of_another_lambda_apart(tmp_path):
+    """Tables 7.2-7.7 land in their own sections (the report's scheme: one per paper table); a Newton-loss run of
+    another λ is shown on its own line (the budget column names λ), never pooled with the row's seeds."""
+    thesis = {"paper": "petersen_thesis_2022", "dataset": "warcraft12"}
+    fisher = {"_target_": "diffrank.losses.newton.wrap_newton", "variant": "fisher", "tikhonov": 1.0}
+    records = {
+        "t74_a": ({**thesis, "table": "7.4", "method": "Fisher Newton", "setting": "loop=for;loss=l2sq"}, 0.45, fisher),
+        "t74_b": ({**thesis, "table": "7.4", "method": "Fisher Newton", "setting": "loop=for;loss=l2sq"}, 0.47, fisher),
+        "t74_c": ({**thesis, "table": "7.4", "method": "Fisher Newton", "setting": "loop=for;loss=l2sq"}, 0.01,
+                  {**fisher, "tikhonov": 0.01}),
+        "t76": ({**thesis, "table": "7.6", "method": "RESGRO bootstrapped", "setting": "samples=30;sets=30"}, 0.25,
+                {"variant": "none", "tikhonov": 0.0}),
+        "t77": ({**thesis, "table": "7.7", "method": "RESGRO one-set", "setting": "samples=30"}, 0.2, None),
+    }
+    for name, (paper, em, newton) in records.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps({
+            "status": "done", "paper": paper, "synthetic_data": True, "optimizer_steps": 1430, "global_batch": 70,
+            "config": {"newton": newton}, "metrics": {"test/em_path": em}}))
+    sorting = {"paper": "petersen_thesis_2022", "table": "7.2", "dataset": "mnist4", "method": "RESGRO", "n": 5}
+    (tmp_path / "t72").mkdir()
+    (tmp_path / "t72" / "results.json").write_text(json.dumps({
+        "status": "done", "paper": sorting, "optimizer_steps": 100, "global_batch": 100,
+        "metrics": {"test/em": 0.5, "test/ew": 0.7}}))
+    result = compare.collect([tmp_path])
+    assert not result["unmatched"]
+    assert {t for _, t in result["tables"]} == {"7.2", "7.4", "7.6", "7.7"}
+    header, cells = compare.table_rows(result["tables"][("petersen_thesis_2022", "7.4")])
+    lines = sorted((r[header.index("steps×batch")], r[header.index("ours")], r[header.index("runs")]) for r in cells)
+    assert lines == [("1430×70 λ=0.01", "1.00", "1"), ("1430×70 λ=1", "46.00 ± 1.41", "2")]
+    header, cells = compare.table_rows(result["tables"][("petersen_thesis_2022", "7.6")])
+    row = dict(zip(header, cells[0]))
+    assert (row["paper"], row["ours"], row["steps×batch"]) == ("84.60", "25.00", "1430×70")
+    header, cells = compare.table_rows(result["tables"][("petersen_thesis_2022", "7.2")])
+    assert sorted((dict(zip(header, c))["metric"], dict(zip(header, c))["ours"]) for c in cells) == \
+        [("EM", "50.00"), ("EW", "70.00")]
+    md = compare.markdown(result)
+    for table in ("7.2", "7.4", "7.6", "7.7"):
+        assert f"## petersen_thesis_2022, Table {table}" in md
