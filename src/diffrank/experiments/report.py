@@ -88,18 +88,24 @@ def is_fraction(row: dict[str, str]) -> bool:
 def run_budget(run: dict[str, Any]) -> str:
     """``steps×batch`` of a run: optimizer steps actually taken and the global batch (summed over DDP ranks);
     the fallbacks of older records are :meth:`RunRecord.from_dict`'s. A run in another precision than float32
-    says so (``10000×4 bf16-mixed``): its numbers are not seeds of the float32 runs; a Newton-loss run names its
-    Tikhonov λ (``1430×70 λ=1``), so that runs of different λ are not pooled."""
+    says so (``10000×4 bf16-mixed``): its numbers are not seeds of the float32 runs."""
     rec = RunRecord.from_dict(run)
     steps, batch = rec.steps, rec.global_batch
     budget = f"{steps}×{batch}" if steps is not None and batch is not None else "?"
     precision = str(rec.planned("trainer.precision", ("trainer", "precision")) or "32-true")
-    budget = budget if precision in ("32-true", "32", "32-bit") else f"{budget} {precision}"
-    # a Newton-loss run with another λ (thesis §7.3; not printed in the thesis) is not a seed of the row's λ
-    newton = rec.config.get("newton") if isinstance(rec.config, dict) else None
-    if isinstance(newton, dict) and newton.get("variant") not in (None, "none") and newton.get("tikhonov") is not None:
-        budget += f" λ={float(newton['tikhonov']):g}"
-    return budget
+    return budget if precision in ("32-true", "32", "32-bit") else f"{budget} {precision}"
+
+
+def run_tikhonov(run: dict[str, Any]) -> str:
+    """The Tikhonov λ of a Newton-loss run (``config.newton``, thesis §7.3) as printed, ``""`` without a Newton
+    loss: runs of another λ are not seeds of the row's λ and are reported on their own line."""
+    newton = (run.get("config") or {}).get("newton")
+    if not isinstance(newton, dict) or newton.get("variant") in (None, "none") or newton.get("tikhonov") is None:
+        return ""
+    try:
+        return f"{float(newton['tikhonov']):g}"
+    except (TypeError, ValueError):
+        return str(newton["tikhonov"])
 
 
 def collect(paths: Iterable[str | Path], metric_prefix: str = "test/") -> dict[str, Any]:
@@ -149,9 +155,9 @@ def collect_runs(records: Iterable[tuple[str | Path, dict[str, Any]]], metric_pr
         runs += 1
         # runs on generated stand-in data (results.json synthetic_data) never pool with runs on the real data,
         # nor runs of another budget (a short check of a row is not one of its seeds)
-        groups[(_key(paper), bool(run.get("synthetic_data")), run_budget(run))].append((path, run))
+        groups[(_key(paper), bool(run.get("synthetic_data")), run_budget(run), run_tikhonov(run))].append((path, run))
     tables: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for (key, synthetic, budget), members in groups.items():
+    for (key, synthetic, budget, tikhonov), members in groups.items():
         try:
             rows = reference.match(dict(key))
         except KeyError:
@@ -173,7 +179,7 @@ def collect_runs(records: Iterable[tuple[str | Path, dict[str, Any]]], metric_pr
                 "row": row, "metric": row["metric"], "paper": paper_value, "ours": ours, "mean": mean,
                 "std": statistics.stdev(ours) if len(ours) > 1 else None,
                 "delta": mean - paper_value if ours else math.nan, "runs": len(ours),
-                "budget": budget,
+                "budget": budget, "tikhonov": tikhonov,
                 "run_dirs": [str(p.parent) for p, _ in members], "selected": selected,
                 "data": "synthetic" if synthetic else "",
             })
@@ -346,6 +352,9 @@ def table_rows(lines: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]
     """Header and cells of one report table."""
     cols = _label_columns(lines)
     header = [*cols, "metric", "paper", "ours", "Δ", "runs", "steps×batch"]
+    newton = any(ln.get("tikhonov") for ln in lines)
+    if newton:  # Newton-loss runs (thesis ch. 7): their Tikhonov λ, not printed in the thesis
+        header.append("Newton λ")
     synthetic = any(ln.get("data") for ln in lines)
     if synthetic:  # say it on every row: a number on generated data is not a reproduction
         header.insert(len(cols), "data")
@@ -363,7 +372,8 @@ def table_rows(lines: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]
             delta = "+" + delta
         cells.append([*(ln["row"].get(c, "") for c in cols), *([ln.get("data") or "real"] if synthetic else []),
                       ln["metric"], ln["row"]["value"] or "—", ours, delta,
-                      str(ln["runs"]), ln["budget"], *([ln.get("selected") or ""] if selected else [])])
+                      str(ln["runs"]), ln["budget"], *([ln.get("tikhonov") or ""] if newton else []),
+                      *([ln.get("selected") or ""] if selected else [])])
     return header, cells
 
 
