@@ -260,3 +260,22 @@ def test_operator_takes_real_valued_k():
     # the other operators keep integer k
     with pytest.raises(TypeError, match="integer"):
         load("neuralsort").topk_membership(s, [2.5])
+
+
+def test_cpu_numba_thresholds_equal_the_torch_closed_form():
+    """The CPU top-k forward's numba inverse (lapsum_cpu, O(n) recurrences) = the logcumsumexp closed form, to
+    1e-12 relative, over 1e-3 <= β <= 1e8, scales 1e-6 .. 1e30, targets at the tails, the middle and k = n."""
+    from diffrank.operators.lapsum import _sorted_knots, _thresholds
+    from diffrank.operators.lapsum_cpu import thresholds
+
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 2, 5, 300):
+        for beta in (1e-3, 1.0, 1e3, 1e8):
+            for scale in (1e-6, 1.0, 1e30):
+                x = torch.randn(3, n, dtype=torch.float64, generator=g) * scale
+                w = torch.tensor([0.5, 1.0, n / 2, n - 0.5, float(n)], dtype=torch.float64)
+                w = w.clamp(min(0.5, n), n).expand(3, 5)
+                a, b = _thresholds(_sorted_knots(x, beta)[0], w), thresholds(x, beta, w)
+                assert torch.equal(torch.isfinite(a), torch.isfinite(b))
+                fin = torch.isfinite(a)
+                assert ((a - b).abs() / (1 + a.abs()))[fin].max() < 1e-12
