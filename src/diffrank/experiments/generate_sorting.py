@@ -218,8 +218,8 @@ def table_7_3() -> list[Row]:
     """Table 7.3: Regular, NL (Hessian) and NL (Fisher) rows: Adam 1e-3, 1e5 steps, batch 100; DSNs odd-even
     (inferred) at the β of Table 3.8 for n = 5 (none is given for n = 10: the n = 9 value is used). The Newton rows
     select ``newton=hessian`` / ``fisher`` with the group's λ (the thesis does not print it). The Hessian rows of
-    the sorting networks are refused at the first step (their custom autograd Function has no double backward;
-    docs/newton.md)."""
+    the sorting networks run the network in plain autograd ops (``operator.twice_differentiable``): the fused
+    Function has no double backward (docs/newton.md)."""
     return [row for method in ("Regular", *NEWTON) for row in _table_7_3(method)]
 
 
@@ -234,6 +234,8 @@ def _table_7_3(method: str) -> list[Row]:
                 m = min(n, 9)
                 beta, printed = table_3_8()[(sig, "odd_even", m)]
                 params, key = {"beta": beta, "sigmoid": sig}, {"operator": "dsn", "sigmoid": sig}
+                if newton in ("hessian", "elementwise_hessian"):  # the fused network has no double backward
+                    params["twice_differentiable"] = True
                 short = f"odd_even_{sig}"
                 title = f"odd-even, {sig}, n = {n}, β = {printed} (Table 3.8, n = {m})"
             else:

@@ -298,7 +298,8 @@ def reference_forward(net: Network, x: Tensor, beta: float, sigmoid: str, art_la
     """The same computation as :func:`run_network` in plain autograd ops (gathers and lerps per wire).
 
     Slower and heavier (every op is a graph node); kept as the executable definition the fused
-    implementation is tested against, including its gradients.
+    implementation is tested against, including its gradients, and run by ``ComparatorNetwork(...,
+    twice_differentiable=True)``: autograd differentiates it twice (Hessian Newton losses, thesis Table 7.3).
     """
     B, n = x.shape
     p = torch.eye(n, dtype=x.dtype, device=x.device).expand(B, n, n) if mode == "full" else None
@@ -343,6 +344,9 @@ class ComparatorNetwork(RankingOperator):
         backend: ``"auto"`` (the fused Triton kernels on CUDA inputs, PyTorch elsewhere), ``"torch"`` (never
             the kernels) or ``"triton"`` (always, where the kernels apply: float32 work with n <= 4096; on the
             CPU only under ``TRITON_INTERPRET=1``). Same values and gradients up to float32 rounding.
+        twice_differentiable: run the network in plain autograd ops (:func:`reference_forward`) instead of the
+            fused Function / kernels, so that autograd can take second derivatives (the Hessian Newton losses of
+            thesis Table 7.3); same values, O(L·B·n²) saved for full P and slower. Default False.
 
     Capabilities: the sorting networks provide all four; the splitter network only ``"topk_membership"``:
     its rows depend on the k it was built for, so they are not the top rows of one relaxed permutation
@@ -365,9 +369,10 @@ class ComparatorNetwork(RankingOperator):
     permutation_equivariant = False
 
     def __init__(self, beta: float = 10.0, sigmoid: str = "cauchy", art_lambda: float = 0.25,
-                 network: str = "bitonic", backend: str = "auto") -> None:
+                 network: str = "bitonic", backend: str = "auto", twice_differentiable: bool = False) -> None:
         super().__init__(beta)
         self.backend = check_backend(backend)
+        self.twice_differentiable = bool(twice_differentiable)
         if network not in NETWORKS:
             raise ValueError(f"network must be one of {NETWORKS}, got {network!r}")
         self.sigmoid = check_sigmoid(sigmoid)
@@ -408,6 +413,8 @@ class ComparatorNetwork(RankingOperator):
         return supports(x.shape[1], x.dtype)
 
     def _run(self, net: Network, x: Tensor, mode: str, y0: Tensor | None = None) -> Tensor:
+        if self.twice_differentiable:  # the fused Function has no double backward
+            return reference_forward(net, x, self.beta, self.sigmoid, self.art_lambda, mode, y0)
         if net.layers and self._kernel(x):
             from diffrank.kernels.networks import network_kernel
 
@@ -455,4 +462,5 @@ class ComparatorNetwork(RankingOperator):
 
     def extra_repr(self) -> str:
         return (f"beta={self.beta}, sigmoid={self.sigmoid!r}, art_lambda={self.art_lambda}, "
-                f"network={self.network!r}, backend={self.backend!r}")
+                f"network={self.network!r}, backend={self.backend!r}"
+                + (", twice_differentiable=True" if self.twice_differentiable else ""))

@@ -33,9 +33,9 @@ REPRESENTATIVE = ["sorting/thesis_t3_7/odd_even_cauchy_n5", "sorting/thesis_t3_3
                   "sorting/thesis_t3_5/bitonic_lambda04_n64_b4", "sorting/thesis_t2_1/relaxed_bubble_sort_n5",
                   "sorting/thesis_t7_2/resgro_n5", "sorting/thesis_t7_3/neuralsort_n5_hessian",
                   "sorting/thesis_t7_3/odd_even_cauchy_n10_fisher"]
-# Table 7.3's Hessian rows of the sorting networks: the network's custom autograd Function has no double backward,
-# so the Hessian Newton loss refuses them at the first step (docs/newton.md)
-NO_HESSIAN = [f"sorting/thesis_t7_3/odd_even_{sig}_n{n}_hessian" for sig in ("cauchy", "logistic") for n in (5, 10)]
+# Table 7.3's Hessian rows of the sorting networks: the fused network has no double backward, so they run the
+# network in plain autograd ops (operator.twice_differentiable)
+DSN_HESSIAN = [f"sorting/thesis_t7_3/odd_even_{sig}_n{n}_hessian" for sig in ("cauchy", "logistic") for n in (5, 10)]
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def _method_override(cfg) -> dict:
 
 
 def test_rows_are_short_and_carry_their_paper_keys():
-    assert len(ROWS) == 210 and set(REPRESENTATIVE) <= set(ROWS) and set(NO_HESSIAN) <= set(ROWS)
+    assert len(ROWS) == 210 and set(REPRESENTATIVE) <= set(ROWS) and set(DSN_HESSIAN) <= set(ROWS)
     lengths = [len((CONFIGS / "experiment" / f"{name}.yaml").read_text().splitlines()) for name in ROWS]
     assert statistics.median(lengths) <= 15
     for name in ROWS:
@@ -174,17 +174,22 @@ def test_fast_dev_run_representative(compose_train, svhn_root, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [e for e in ROWS if e not in REPRESENTATIVE and e not in NO_HESSIAN])
+@pytest.mark.parametrize("name", [e for e in ROWS if e not in REPRESENTATIVE and e not in DSN_HESSIAN])
 def test_fast_dev_run_all(compose_train, svhn_root, name):
     metrics, _ = train(compose_train([f"experiment={name}", *_small(name, svhn_root)]))
     assert {"test/em", "test/ew", "test/em5"} <= set(metrics)
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n == NO_HESSIAN[0] else pytest.mark.slow)
-                                  for n in NO_HESSIAN])
-def test_hessian_rows_of_sorting_networks_are_refused_naming_fisher(compose_train, name):
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n == DSN_HESSIAN[0] else pytest.mark.slow)
+                                  for n in DSN_HESSIAN])
+def test_hessian_rows_of_sorting_networks_run_the_twice_differentiable_network(compose_train, name):
+    metrics, objects = train(compose_train([f"experiment={name}", *SMALL]))
+    loss = objects["loss"]
+    assert isinstance(loss, NewtonLoss) and loss.variant == "hessian" and loss.operator.twice_differentiable
+    assert {"test/em", "test/ew"} <= set(metrics)
+    # the fused network refuses the same row's Hessian, naming fisher
     with pytest.raises(ValueError, match=r"custom autograd Functions \(_Net\).*variant='fisher'"):
-        train(compose_train([f"experiment={name}", *SMALL]))
+        train(compose_train([f"experiment={name}", "operator.twice_differentiable=false", *SMALL]))
 
 
 def test_newton_and_resgro_rows_train_what_they_name(compose_train):
