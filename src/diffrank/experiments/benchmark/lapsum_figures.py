@@ -27,7 +27,8 @@ extension. Scores: B = 1 set of n standard normal scores, float64 where a method
 official LapSum), float32 otherwise (the peers), as the paper does (App. D, "Error, Runtime and Memory").
 
 Stopping rule (one line per stop in the CSV ``note``): going up in n, a method stops when its forward+backward
-time at the previous n, scaled by (n / n_prev)^e (e = 2 for the O(n²) methods, 1.2 otherwise), exceeds
+time at the previous n, scaled by (n / n_prev)^e (e = 2 for the O(n²) methods, 1.5 for the top-k networks, 1.2
+for the O(n log n) ones; the slowest of its k cells), exceeds
 ``--cap-seconds`` (default 10 s per call; a cell's timing budget is min(``--max-seconds``, the cap), so a call
 near the cap is timed once), when its peak memory scaled the same way exceeds ``--cap-gb``
 (default 3 GB: the machine is shared), when its call fails (e.g. out of memory), or when it cannot be built at
@@ -59,8 +60,11 @@ PERM_ERROR_BETA = 10.0
 QUICK_PERM_NS = [10, 100]
 CSV_FIELDS = ["table", "method", "dtype", "n", "k", "mode", "beta", "seconds", "peak_bytes", "error", "repeats",
               "note"]
+# growth exponents of the stopping rule: n x n matrices (NeuralSort, SoftSort, Sinkhorn, full-P networks) 2;
+# the top-k networks (k rows through L = O(log² n) layers) 1.5; the O(n log n) methods 1.2
 QUADRATIC = {"neuralsort", "softsort", "sinkhorn", "relaxed_bubble_sort", "diffsort_odd_even", "diffsort_bitonic",
              "difftopk_bitonic", "difftopk_splitter"}
+EXPONENT = {"difftopk_bitonic": 1.5, "difftopk_splitter": 1.5}
 LAPSUM = "lapsum"
 OFFICIAL = "lapsum official (C++)"
 
@@ -80,7 +84,8 @@ def topk_methods(device: str) -> list[tuple[str, object, torch.dtype, float, str
         if "topk_membership" not in op.capabilities:
             continue
         op = op.to(device)
-        out.append((name, _membership(op), torch.float64, 2.0 if name in QUADRATIC else 1.2, ""))
+        expo = EXPONENT.get(name, 2.0 if name in QUADRATIC else 1.2)
+        out.append((name, _membership(op), torch.float64, expo, ""))
         if name == "soft_topk":
             v = load(name, solver="sinkhorn", max_iter=200, tolerance=None, epsilon_start=None)
             out.append(("soft_topk (200 Sinkhorn it.)", _membership(v), torch.float64, 1.2, ""))
@@ -353,12 +358,20 @@ def run_official(args, sink) -> list[dict]:
 
 
 # -- figures ---------------------------------------------------------------------------------------------
+_COLORS: dict = {}
+
+
 def _style(label: str) -> dict:
+    """LapSum thick blue (as the paper draws it), the official extension dotted black, every other method its
+    own colour of tab20 (dashed for the peer libraries)."""
     if label == LAPSUM:
-        return {"color": "tab:blue", "lw": 2.5, "ls": "-", "zorder": 5}
+        return {"color": "tab:blue", "lw": 2.8, "ls": "-", "zorder": 5}
     if label == OFFICIAL:
         return {"color": "black", "lw": 1.5, "ls": ":", "zorder": 4}
-    return {"lw": 1.2, "ls": "--" if "(peer)" in label else "-"}
+    import matplotlib.pyplot as plt
+
+    color = _COLORS.setdefault(label, plt.get_cmap("tab20")(2 + len(_COLORS) % 18))
+    return {"color": color, "lw": 1.2, "ls": "--" if "(peer)" in label else "-"}
 
 
 def plot_lines(rows: list[dict], key: str, path: Path, ylabel: str) -> None:
@@ -450,7 +463,7 @@ def plot_error(rows: list[dict], path: Path) -> None:
     for ax, beta in zip(axes, ERROR_BETAS):
         for m in methods:
             pts = [(r["n"], r["error"]) for r in rows if r["method"] == m and r["beta"] == beta
-                   and r["k"] == min(10, r["n"]) and r["error"] == r["error"]]
+                   and int(r["k"]) == min(10, int(r["n"])) and r["error"] == r["error"]]
             if pts:
                 ax.plot(*zip(*pts), marker="o", ms=3, label=m, **_style(m))
         ax.set_xscale("log")
@@ -495,6 +508,45 @@ def plot_permutation(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def write_figures(out: Path, timing: list[dict], error: list[dict], perm: list[dict]) -> tuple[dict, dict]:
+    """Every PNG of the suite from its rows; returns the CD average ranks (time, memory) per mode."""
+    import logging
+
+    logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)  # the CD diagram's font fallbacks
+    plot_lines(timing, "seconds", out / "lapsum_time.png", "time [s]")
+    plot_lines(timing, "peak_bytes", out / "lapsum_memory.png", "peak extra memory [B]")
+    ranks_t = plot_cd(timing, "seconds", out / "lapsum_cd_time.png", "time")
+    ranks_m = plot_cd(timing, "peak_bytes", out / "lapsum_cd_memory.png", "peak memory")
+    plot_error(error, out / "lapsum_error.png")
+    plot_permutation(perm, out / "lapsum_permutation.png")
+    return ranks_t, ranks_m
+
+
+def load_rows(path: Path) -> tuple[list[dict], list[dict], list[dict]]:
+    """``(timing, error, permutation)`` rows of a written ``lapsum_figures.csv``, numbers parsed."""
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        r["n"] = int(r["n"])
+        for key in ("seconds", "peak_bytes"):
+            r[key] = float(r[key]) if r[key] else math.nan
+        if r["mode"] == "error":
+            r["error"] = float(r["error"]) if r["error"] else math.nan
+            r["beta"] = float(r["beta"])
+    timing = [r for r in rows if r["table"] == "topk" and r["mode"] != "error"]
+    return timing, [r for r in rows if r["mode"] == "error"], [r for r in rows if r["table"] == "permutation"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``--replot DIR``: redraw the figures of DIR/lapsum_figures.csv (no measurement)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m diffrank.experiments.benchmark.lapsum_figures")
+    p.add_argument("--replot", required=True, help="folder with lapsum_figures.csv; the PNGs are written there")
+    out = Path(p.parse_args(argv).replot)
+    write_figures(out, *load_rows(out / "lapsum_figures.csv"))
+
+
 # -- the suite -------------------------------------------------------------------------------------------
 class _Sink:
     def __init__(self, path: Path, fields: list[str]) -> None:
@@ -516,9 +568,6 @@ class _Sink:
 
 def run(args) -> list[tuple[str, list[dict]]]:
     """Run the four parts, write the CSVs and figures, return the headline tables."""
-    import logging
-
-    logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)  # the CD diagram's font fallbacks
     out = Path(getattr(args, "figures_dir", None) or "docs/figures")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -529,12 +578,7 @@ def run(args) -> list[tuple[str, list[dict]]]:
                                                                        "official_fwd_bwd_s", "official_over_ours"]))
     error = run_error(args, sink)
     perm = run_permutation(args, sink)
-    plot_lines(timing, "seconds", out / "lapsum_time.png", "time [s]")
-    plot_lines(timing, "peak_bytes", out / "lapsum_memory.png", "peak extra memory [B]")
-    ranks_t = plot_cd(timing, "seconds", out / "lapsum_cd_time.png", "time")
-    ranks_m = plot_cd(timing, "peak_bytes", out / "lapsum_cd_memory.png", "peak memory")
-    plot_error(error, out / "lapsum_error.png")
-    plot_permutation(perm, out / "lapsum_permutation.png")
+    ranks_t, ranks_m = write_figures(out, timing, error, perm)
     wall = time.perf_counter() - t0
     ns = sorted({r["n"] for r in timing})
     head_n = 100000 if 100000 in ns else ns[-1]
@@ -559,3 +603,7 @@ def run(args) -> list[tuple[str, list[dict]]]:
                          "official": fmt_time(r["official_fwd_bwd_s"]),
                          "official / ours": f"{r['official_over_ours']:.2f}"} for r in official]))
     return tables
+
+
+if __name__ == "__main__":
+    main()
