@@ -54,6 +54,7 @@ from diffrank import reference
 from diffrank.experiments.record import RunRecord
 
 # the columns that identify a reference row to a reader; shown when they vary inside a table
+SIGNIFICANCE = 0.05  # thesis §7.5.1: "significance tests (significance level 0.05)"
 LABEL_COLUMNS = ("dataset", "model", "method", "operator", "sigmoid", "network", "n", "pk", "m", "setting")
 
 
@@ -190,7 +191,63 @@ def collect_runs(records: Iterable[tuple[str | Path, dict[str, Any]]], metric_pr
         lines.extend(_reference_only(paper, table, lines))
     for lines in tables.values():
         lines.sort(key=lambda ln: tuple(_sort_value(ln["row"].get(c, "")) for c in (*LABEL_COLUMNS, "metric")))
+        significance(lines)
     return {"tables": dict(sorted(tables.items())), "unmatched": unmatched, "skipped": skipped, "runs": runs}
+
+
+def _baseline(line: dict[str, Any], baselines: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The one "Regular" line of the same cell as ``line``: equal labels but the method (Table 7.3: the
+    operator is the cell's), else equal labels but method and operator (Table 7.1: the operator column names
+    the Newton loss); same metric, budget and data."""
+    for ignored in (("method",), ("method", "operator")):
+        def cell(ln: dict[str, Any], ignored: tuple[str, ...] = ignored) -> tuple:
+            return (*(ln["row"].get(c, "") for c in LABEL_COLUMNS if c not in ignored), ln["metric"], ln["budget"],
+                    ln.get("data", ""))
+        found = [b for b in baselines if cell(b) == cell(line)]
+        if len(found) == 1:
+            return found[0]
+    return None
+
+
+def significance(lines: list[dict[str, Any]], alpha: float = SIGNIFICANCE) -> None:
+    """Compare each method with Regular training of the same cell, as thesis ch. 7 does (Table 7.1: "significance
+    tests between regular training and the Newton methods", level 0.05), in place: a line with a "Regular" line
+    of the same cell gets ``vs_regular = {"paper": paper − Regular's paper value, "ours": our mean − Regular's
+    mean, "p": Welch's t-test p-value (scipy ``ttest_ind(equal_var=False)``; None below two runs on either side
+    or for equal constant samples), "significant": p < alpha}``. The thesis does not name its test; Welch's makes
+    no equal-variance assumption. Tables without "Regular" lines are left as they are."""
+    baselines = [ln for ln in lines if ln["row"].get("method") == "Regular"]
+    if not baselines:
+        return
+    from scipy.stats import ttest_ind
+
+    for ln in lines:
+        base = None if any(ln is b for b in baselines) else _baseline(ln, baselines)
+        if base is None:
+            continue
+        p = None
+        if len(ln["ours"]) > 1 and len(base["ours"]) > 1:
+            value = float(ttest_ind(ln["ours"], base["ours"], equal_var=False).pvalue)
+            p = None if math.isnan(value) else value
+        ln["vs_regular"] = {"paper": ln["paper"] - base["paper"],
+                            "ours": ln["mean"] - base["mean"] if ln["ours"] and base["ours"] else math.nan,
+                            "p": p, "significant": p is not None and p < alpha}
+
+
+def _vs_regular(ln: dict[str, Any], digits: int) -> tuple[str, str]:
+    """The two report cells of :func:`significance`: paper − Regular, and ours − Regular with Welch's p; ``**``
+    marks a significant improvement (the thesis' black bold), ``(sig. worse)`` a significant loss."""
+    vs = ln.get("vs_regular")
+    if vs is None:
+        return "", ""
+    ours = fmt(vs["ours"], digits)
+    if ours != "—":
+        ours = ("+" if not ours.startswith("-") else "") + ours
+        if vs["p"] is not None:
+            mark = (" **" if vs["ours"] > 0 else " (sig. worse)") if vs["significant"] else ""
+            ours += f" (p={vs['p']:.2g}){mark}"
+    paper = fmt(vs["paper"], digits)
+    return ("+" if paper != "—" and not paper.startswith("-") else "") + paper, ours
 
 
 def _metric(path: str | Path, run: dict[str, Any], name: str) -> float | None:
@@ -361,6 +418,9 @@ def table_rows(lines: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]
     selected = any(ln.get("selected") for ln in lines)
     if selected:
         header.append("selected")
+    compared = any(ln.get("vs_regular") for ln in lines)
+    if compared:
+        header += ["paper − Regular", "ours − Regular (Welch p)"]
     cells = []
     for ln in lines:
         digits = decimals(ln["row"]["value"])
@@ -373,7 +433,8 @@ def table_rows(lines: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]
         cells.append([*(ln["row"].get(c, "") for c in cols), *([ln.get("data") or "real"] if synthetic else []),
                       ln["metric"], ln["row"]["value"] or "—", ours, delta,
                       str(ln["runs"]), ln["budget"], *([ln.get("tikhonov") or ""] if newton else []),
-                      *([ln.get("selected") or ""] if selected else [])])
+                      *([ln.get("selected") or ""] if selected else []),
+                      *(_vs_regular(ln, digits) if compared else ())])
     return header, cells
 
 

@@ -5,8 +5,10 @@ sigmoid, network, n, pk, m, setting, metric, value, std, n_runs, note``; all str
 applicable; accuracies in %). ``lapsum_icml2025_table4.csv`` is transcribed from LapSum (Struski et al.,
 ICML 2025) Table 4 in the same format, ``lapsum_icml2025_table3.csv`` from its Table 3 (deep kNN) and
 ``soft_topk_neurips2020_table1.csv`` from SOFT top-k (Xie et al., NeurIPS 2020) Table 1 (deep kNN; ``n`` empty,
-k = 9 in ``setting``). ``lapsum_icml2025_table1.csv`` / ``table2.csv`` are LapSum's Tables 1 (CIFAR-100) and 2
-(ImageNet-1K / 21K-P heads), with α, batch and epochs of its Appendix D Table 5 in ``setting``.
+k = 9 in ``setting``). ``newton_thesis_table7_1_classification.csv`` (thesis Table 7.1) names its metric
+``top1`` (the classifier's ``test/top1``; the project's reference folder says ``test_acc``).
+``lapsum_icml2025_table1.csv`` / ``table2.csv`` are LapSum's Tables 1 (CIFAR-100) and 2 (ImageNet-1K / 21K-P
+heads), with α, batch and epochs of its Appendix D Table 5 in ``setting``.
 
 **Copies.** A paper that reprints another's numbers as its baselines (LapSum Tables 1, 2 reprint Petersen et al.
 2022 Tables 1, 2; LapSum Table 3 reprints Xie et al. 2020 Table 1) stores them with ``copy_of=<paper>:<table>``

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -55,11 +56,82 @@ def count_parameters(module: nn.Module) -> int:
 
 
 
-
-
 def _flat_size(features: nn.Module, image_shape: Sequence[int]) -> int:
     with torch.no_grad():
         return int(features(torch.zeros(1, *(int(v) for v in image_shape))).numel())
+
+
+class FullyConnected(nn.Module):
+    """A fully connected network on flattened images: ``depth`` linear layers, ``depth − 1`` hidden layers of
+    ``width`` units with ReLU between them (thesis Table 7.1's M1–M3: depth 5, width 100 / 400 / 1 600; Petersen,
+    PhD thesis 2022, §7.5.1, which gives depth, widths and activation but not the initialisation: PyTorch's
+    default here).
+
+    Args:
+        num_classes: output scores.
+        image_shape: (C, H, W) of the input; C·H·W inputs.
+        width: hidden units per layer.
+        depth: linear layers (≥ 1; 1 is a linear classifier).
+
+    Shapes: ``(B, C, H, W)`` float → ``(B, num_classes)`` scores.
+
+    Raises:
+        ValueError: ``depth`` < 1, ``width`` < 1 or ``num_classes`` < 1.
+    """
+
+    def __init__(self, num_classes: int, image_shape: Sequence[int] = (1, 28, 28), width: int = 100,
+                 depth: int = 5) -> None:
+        super().__init__()
+        if depth < 1 or width < 1 or num_classes < 1:
+            raise ValueError(f"need depth, width, num_classes >= 1, got {depth}, {width}, {num_classes}")
+        sizes = [math.prod(int(v) for v in image_shape), *[int(width)] * (depth - 1), int(num_classes)]
+        layers: list[nn.Module] = [nn.Flatten()]
+        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+            layers += [nn.Linear(a, b)] + ([nn.ReLU()] if i < depth - 1 else [])
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Scores ``(B, num_classes)`` for images ``(B, C, H, W)``."""
+        return self.layers(x)
+
+
+class LeNet5(nn.Module):
+    """LeNet-5 (LeCun et al. 1998) with a choice of activation (thesis Table 7.1's M4: sigmoid, M5: ReLU):
+    conv 5×5 (6, padding 2) → act → avg-pool 2 → conv 5×5 (16) → act → avg-pool 2 → linear 400 → 120 → act →
+    84 → act → ``num_classes``. The thesis names the model and its activations only; the padding that keeps
+    28×28 MNIST at LeNet's 32×32 geometry and the average (sub-sampling) pools are the original's.
+
+    Args:
+        num_classes: output scores.
+        image_shape: (C, H, W); 28×28 gives 16×5×5 = 400 inputs to the first linear layer.
+        activation: ``"sigmoid"``, ``"relu"`` or ``"tanh"``.
+
+    Shapes: ``(B, C, H, W)`` float → ``(B, num_classes)`` scores.
+
+    Raises:
+        ValueError: an unknown activation, or an image too small for the two conv + pool stages.
+    """
+
+    ACTIVATIONS = {"sigmoid": nn.Sigmoid, "relu": nn.ReLU, "tanh": nn.Tanh}
+
+    def __init__(self, num_classes: int = 10, image_shape: Sequence[int] = (1, 28, 28),
+                 activation: str = "relu") -> None:
+        super().__init__()
+        if activation not in self.ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(self.ACTIVATIONS)}, got {activation!r}")
+        act = self.ACTIVATIONS[activation]
+        self.features = nn.Sequential(nn.Conv2d(int(image_shape[0]), 6, 5, padding=2), act(), nn.AvgPool2d(2),
+                                      nn.Conv2d(6, 16, 5), act(), nn.AvgPool2d(2), nn.Flatten())
+        try:
+            flat = _flat_size(self.features, image_shape)
+        except RuntimeError as e:
+            raise ValueError(f"image_shape {tuple(image_shape)} is too small for LeNet-5's conv + pool stages") from e
+        self.head = nn.Sequential(nn.Linear(flat, 120), act(), nn.Linear(120, 84), act(),
+                                  nn.Linear(84, int(num_classes)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Scores ``(B, num_classes)`` for images ``(B, C, H, W)``."""
+        return self.head(self.features(x))
 
 
 class TwoLayerConvNet(nn.Module):
