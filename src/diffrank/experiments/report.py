@@ -109,6 +109,13 @@ def run_tikhonov(run: dict[str, Any]) -> str:
         return str(newton["tikhonov"])
 
 
+def run_device(run: dict[str, Any]) -> str:
+    """The kind of device a run trained on (``results.json`` ``device`` up to its details: ``"cpu"``, ``"NVIDIA
+    H100 80GB HBM3"``; ``""`` when not recorded). Runs of one seed on two devices are not independent seeds (same
+    initialisation and data order), so the report never pools devices."""
+    return str(run.get("device") or "").split(" (", 1)[0].strip()
+
+
 def collect(paths: Iterable[str | Path], metric_prefix: str = "test/") -> dict[str, Any]:
     """Match every results.json under ``paths`` to the reference rows (:func:`collect_runs` on the files read,
     copied baselines included).
@@ -155,10 +162,11 @@ def collect_runs(records: Iterable[tuple[str | Path, dict[str, Any]]], metric_pr
             continue
         runs += 1
         # runs on generated stand-in data (results.json synthetic_data) never pool with runs on the real data,
-        # nor runs of another budget (a short check of a row is not one of its seeds)
-        groups[(_key(paper), bool(run.get("synthetic_data")), run_budget(run), run_tikhonov(run))].append((path, run))
+        # nor runs of another budget (a short check of a row is not one of its seeds), λ or device
+        groups[(_key(paper), bool(run.get("synthetic_data")), run_budget(run), run_tikhonov(run),
+                run_device(run))].append((path, run))
     tables: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for (key, synthetic, budget, tikhonov), members in groups.items():
+    for (key, synthetic, budget, tikhonov, device), members in groups.items():
         try:
             rows = reference.match(dict(key))
         except KeyError:
@@ -180,7 +188,7 @@ def collect_runs(records: Iterable[tuple[str | Path, dict[str, Any]]], metric_pr
                 "row": row, "metric": row["metric"], "paper": paper_value, "ours": ours, "mean": mean,
                 "std": statistics.stdev(ours) if len(ours) > 1 else None,
                 "delta": mean - paper_value if ours else math.nan, "runs": len(ours),
-                "budget": budget, "tikhonov": tikhonov,
+                "budget": budget, "tikhonov": tikhonov, "device": device,
                 "run_dirs": [str(p.parent) for p, _ in members], "selected": selected,
                 "data": "synthetic" if synthetic else "",
             })
@@ -202,7 +210,7 @@ def _baseline(line: dict[str, Any], baselines: list[dict[str, Any]]) -> dict[str
     for ignored in (("method",), ("method", "operator")):
         def cell(ln: dict[str, Any], ignored: tuple[str, ...] = ignored) -> tuple:
             return (*(ln["row"].get(c, "") for c in LABEL_COLUMNS if c not in ignored), ln["metric"], ln["budget"],
-                    ln.get("data", ""))
+                    ln.get("data", ""), ln.get("device", ""))
         found = [b for b in baselines if cell(b) == cell(line)]
         if len(found) == 1:
             return found[0]
@@ -348,7 +356,8 @@ def copy_lines(tables: dict[tuple[str, str], list[dict[str, Any]]]) -> dict[tupl
                             "runs": len(ours), "budget": orig["budget"] if orig else "",
                             "run_dirs": list(orig["run_dirs"]) if orig else [],
                             "selected": orig["selected"] if orig else None,
-                            "data": orig.get("data", "") if orig else "", "copy_of": label})
+                            "data": orig.get("data", "") if orig else "", "copy_of": label,
+                            "device": orig.get("device", "") if orig else ""})
         out[key] = new
     return out
 
@@ -412,6 +421,9 @@ def table_rows(lines: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]
     newton = any(ln.get("tikhonov") for ln in lines)
     if newton:  # Newton-loss runs (thesis ch. 7): their Tikhonov λ, not printed in the thesis
         header.append("Newton λ")
+    devices = len({ln.get("device", "") for ln in lines if ln["runs"]}) > 1
+    if devices:
+        header.append("device")
     synthetic = any(ln.get("data") for ln in lines)
     if synthetic:  # say it on every row: a number on generated data is not a reproduction
         header.insert(len(cols), "data")
@@ -433,6 +445,7 @@ def table_rows(lines: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]
         cells.append([*(ln["row"].get(c, "") for c in cols), *([ln.get("data") or "real"] if synthetic else []),
                       ln["metric"], ln["row"]["value"] or "—", ours, delta,
                       str(ln["runs"]), ln["budget"], *([ln.get("tikhonov") or ""] if newton else []),
+                      *([ln.get("device", "")] if devices else []),
                       *([ln.get("selected") or ""] if selected else []),
                       *(_vs_regular(ln, digits) if compared else ())])
     return header, cells

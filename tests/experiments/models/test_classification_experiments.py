@@ -139,3 +139,17 @@ def test_report_compares_each_newton_variant_with_regular_by_welch():
     assert header[-1] == "ours − Regular (Welch p)"
     fisher_cell = next(c for c, ln in zip(cells, lines) if ln is by["Newton L. (F)"])
     assert fisher_cell[-1].startswith("+1.50 (p=") and fisher_cell[-1].endswith("**")
+
+
+def test_report_never_pools_devices():
+    """A seed run on the CPU and on a GPU is one seed twice (same initialisation and data order): own lines."""
+    records = []
+    for device in ("cpu (AMD EPYC, 1 thread)", "NVIDIA H100 80GB HBM3 (CUDA 13.0)"):
+        for i, v in enumerate((0.930, 0.932)):
+            path, rec = _record("Regular", "softmax_ce", v, i)
+            records.append((path.replace("/runs/", f"/{device[:3]}/"), {**rec, "device": device}))
+    lines = [ln for ln in report.collect_runs(records)["tables"][("petersen_thesis_2022", "7.1")] if ln["runs"]]
+    assert sorted(ln["device"] for ln in lines) == ["NVIDIA H100 80GB HBM3", "cpu"]
+    assert all(ln["runs"] == 2 for ln in lines)
+    header, _ = report.table_rows(lines)
+    assert "device" in header
