@@ -203,11 +203,15 @@ def collect_runs(records: Iterable[tuple[str | Path, dict[str, Any]]], metric_pr
     return {"tables": dict(sorted(tables.items())), "unmatched": unmatched, "skipped": skipped, "runs": runs}
 
 
-def _baseline(line: dict[str, Any], baselines: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _baseline(line: dict[str, Any], baselines: list[dict[str, Any]],
+              regular_operators: frozenset[str] = frozenset()) -> dict[str, Any] | None:
     """The one "Regular" line of the same cell as ``line``: equal labels but the method (Table 7.3: the
-    operator is the cell's), else equal labels but method and operator (Table 7.1: the operator column names
-    the Newton loss); same metric, budget and data."""
-    for ignored in (("method",), ("method", "operator")):
+    operator is the cell's), else, when ``line``'s operator is none of ``regular_operators`` (those of the
+    table's published Regular rows), equal labels but method and operator (Table 7.1: the operator column names
+    the Newton loss); same metric, budget, data and device. A Table 7.3 / 7.5 line whose own operator's Regular
+    was not run has no baseline (never another operator's Regular)."""
+    operator_is_the_cell = line["row"].get("operator", "") in regular_operators
+    for ignored in (("method",),) if operator_is_the_cell else (("method",), ("method", "operator")):
         def cell(ln: dict[str, Any], ignored: tuple[str, ...] = ignored) -> tuple:
             return (*(ln["row"].get(c, "") for c in LABEL_COLUMNS if c not in ignored), ln["metric"], ln["budget"],
                     ln.get("data", ""), ln.get("device", ""))
@@ -229,8 +233,11 @@ def significance(lines: list[dict[str, Any]], alpha: float = SIGNIFICANCE) -> No
         return
     from scipy.stats import ttest_ind
 
+    paper, table = baselines[0]["row"]["paper"], baselines[0]["row"]["table"]
+    regular_operators = frozenset(r["operator"] for r in reference.all_rows()
+                                  if r["paper"] == paper and r["table"] == table and r["method"] == "Regular")
     for ln in lines:
-        base = None if any(ln is b for b in baselines) else _baseline(ln, baselines)
+        base = None if any(ln is b for b in baselines) else _baseline(ln, baselines, regular_operators)
         if base is None:
             continue
         p = None
