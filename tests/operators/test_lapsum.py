@@ -279,3 +279,59 @@ def test_cpu_numba_thresholds_equal_the_torch_closed_form():
                 assert torch.equal(torch.isfinite(a), torch.isfinite(b))
                 fin = torch.isfinite(a)
                 assert ((a - b).abs() / (1 + a.abs()))[fin].max() < 1e-12
+
+
+def _topk_and_grads(fn, x, k, seed=1):
+    """``fn(x, k)`` memberships and the gradients of Σ(w ⊙ p) with respect to x and k (when k is a tensor)."""
+    xx = x.clone().requires_grad_()
+    kk = k.clone().requires_grad_() if isinstance(k, torch.Tensor) else k
+    p = fn(xx, kk)
+    w = torch.randn(p.shape, dtype=F64, generator=torch.Generator().manual_seed(seed))
+    grads = torch.autograd.grad((p * w).sum(), (xx, kk) if isinstance(kk, torch.Tensor) else (xx,))
+    return (p.detach(), *grads)
+
+
+def test_cpu_numba_topk_equals_the_torch_path():
+    """float64 CPU top-k in two numba calls (_LapSumTopKCPU) = the PyTorch path (_LapSumTopK) in values and in the
+    gradients for scores and k, to 1e-13 relative, over 1e-3 <= β <= 1e8, scales 1e-6 .. 1e30, k at the tails,
+    the middle and k = n, ks as a list, an (M,) tensor and a (B, M) tensor."""
+    torch_path = lambda beta: lambda x, k: lapsum_mod._LapSumTopK.apply(  # noqa: E731
+        x, (k if isinstance(k, torch.Tensor) else torch.tensor(k, dtype=F64)).expand(x.shape[0], -1), beta)
+    g = torch.Generator().manual_seed(0)
+    cases = [(n, beta, scale) for n in (1, 2, 5, 300) for beta in (1e-3, 1.0, 1e3, 1e8) for scale in (1e-6, 1.0, 1e30)]
+    cases += [(5000, 1.0, 1.0), (5000, 1e3, 1e-2)]  # n > 4096: numpy's sort before the kernel, not numba's in it
+    for n, beta, scale in cases:
+        ks = sorted({min(0.5, n), 1.0, n / 2, max(n - 0.5, 0.5), float(n)})
+        x = torch.randn(3, n, dtype=F64, generator=g) * scale
+        kb = torch.tensor(ks, dtype=F64).repeat(3, 1) * torch.tensor([[1.0], [0.9], [1.0]], dtype=F64)
+        for k in (ks, torch.tensor(ks, dtype=F64), kb.clamp(max=n)):
+            new = _topk_and_grads(lambda xx, kk, b=beta: lapsum_mod._LapSumTopKCPU.apply(xx, kk, b), x, k)
+            old = _topk_and_grads(torch_path(beta), x, k)
+            for a, b in zip(new, old):
+                assert torch.equal(torch.isfinite(a), torch.isfinite(b))
+                size = float(b.abs().max()) or 1.0
+                assert float((a - b).abs().max()) <= 1e-13 * size, (n, beta, scale, type(k))
+    # the operator takes this path for float64 CPU scores, the PyTorch path for float32
+    op = LapSum(2.0)
+    assert op._numba_topk(S) and not op._numba_topk(S.float())
+
+
+def test_cpu_numba_topk_checks_finite_scores_itself():
+    """The float64 CPU top-k tests NaN / inf in its numba pass (validation skips its own read): the same error,
+    for every row, with or without another pending check (then validation reads both, finite first)."""
+    op = LapSum(1.0)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        for n in (3, 5000):
+            x = _rand(3, n, seed=2)
+            x[2, n - 1] = bad
+            for ks in ([1], torch.tensor([1.0]), torch.tensor([[1.0], [2.0], [0.0]])):
+                with pytest.raises(ValueError, match="scores contain non-finite values"):
+                    op.topk_membership(x, ks)
+            with pytest.raises(ValueError, match="scores contain non-finite values"):
+                F.topk_membership(x, 2, method="lapsum")
+    x = _rand(2, 4, seed=3).requires_grad_()
+    p = op.topk_membership(x, [2])
+    with torch.no_grad():
+        x.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        p.sum().backward()

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from diffrank.operators.backend import check_backend, use_triton
-from diffrank.operators.base import Check, RankingOperator
+from diffrank.operators.base import TOPK_MEMBERSHIP, Check, RankingOperator
 
 _DENSE_MAX_TARGETS = 32  # below this many thresholds per row, the (B, M, n) dense VJP is cheaper than the sweep
 
@@ -177,6 +177,43 @@ class _LapSumTopK(torch.autograd.Function):
         return grad_s, grad_k, None
 
 
+class _LapSumTopKCPU(torch.autograd.Function):
+    """:class:`_LapSumTopK` for float64 CPU scores in two numba calls (:mod:`diffrank.operators.lapsum_cpu`): the
+    same values and gradients to rounding (~1e-16), without the ~20 tensor operations of the PyTorch path,
+    whose per-call cost dominates at n <= 10³. ``k``: a list of ks (one row for every set) or a tensor ``(M,)``
+    or ``(B, M)`` that may require grad."""
+
+    @staticmethod
+    def forward(ctx, scores: Tensor, k: Tensor | list[float], beta: float) -> Tensor:
+        p, ctx.state = _lapsum_cpu().topk_forward(scores, k, beta)
+        # the backward reads the scores through a numpy view: saved too for autograd's in-place modification check
+        ctx.save_for_backward(scores)
+        ctx.beta, ctx.k_meta = beta, (k.dim(), k.dtype) if isinstance(k, Tensor) else None
+        return p
+
+    @staticmethod
+    def backward(ctx, grad_p: Tensor):
+        ctx.saved_tensors  # noqa: B018 - raises if the scores were modified in place since the forward
+        grad_s, grad_k = _lapsum_cpu().topk_backward(ctx.state, grad_p, ctx.beta)
+        if not ctx.needs_input_grad[1]:
+            return grad_s, None, None
+        dim, dtype = ctx.k_meta  # an (M,) k serves every set: its gradient sums over them
+        return grad_s, (grad_k if dim == 2 else grad_k.sum(0)).to(dtype), None
+
+
+def _lapsum_cpu():
+    """:mod:`diffrank.operators.lapsum_cpu`, imported on first use (numba)."""
+    global _CPU
+    if _CPU is None:
+        from diffrank.operators import lapsum_cpu
+
+        _CPU = lapsum_cpu
+    return _CPU
+
+
+_CPU = None
+
+
 class _LapSumInverse(torch.autograd.Function):
     """b[b, m] = Lap_s⁻¹(w_bm) in score units (α = -1/β); ∂b_m/∂s_l = softmax_l(-β|b_m - s_l|)."""
 
@@ -235,7 +272,8 @@ def _topk(scores: Tensor, k: Tensor, beta: float, backend: str) -> Tensor:
         k: ``(B, M)`` validated ks in (0, n], dtype of ``scores``.
         beta: inverse temperature β = 1/|α| > 0.
         backend: ``"auto"`` | ``"torch"`` | ``"triton"``: the Triton kernel of :mod:`diffrank.kernels.lapsum`
-            or the PyTorch path (:class:`_LapSumTopK`).
+            or the PyTorch path (:class:`_LapSumTopK`; float64 CPU scores take :class:`_LapSumTopKCPU` in
+            :meth:`LapSum._topk_membership` instead).
 
     Returns:
         ``(B, M, n)``, dtype of ``scores``.
@@ -328,18 +366,31 @@ class LapSum(RankingOperator):
                                  f"got shape {tuple(ks.shape)}")
             ks = ks.to(scores.device).reshape(-1) if ks.dim() == 0 else ks.to(scores.device)
             return ks, [((torch.isfinite(ks) & (ks > 0) & (ks <= n)).all(), out_of_range)]
-        ks = [ks] if isinstance(ks, numbers.Number) else list(ks)
+        ks = list(ks) if type(ks) is list or not isinstance(ks, numbers.Number) else [ks]
         if not ks:
             raise ValueError("ks must be a non-empty sequence of real numbers")
         for k in ks:
-            if isinstance(k, bool) or not isinstance(k, numbers.Real):
+            if type(k) is not float and type(k) is not int and (isinstance(k, bool) or not isinstance(k, numbers.Real)):
                 raise TypeError(f"k must be a real number, got {k!r}")
             if not 0 < k <= n:  # NaN fails too
                 raise ValueError(f"k must satisfy 0 < k <= n = {n}, got k = {k}")
         return [float(k) for k in ks], []
 
+    def _numba_topk(self, s: Tensor) -> bool:
+        """Whether the top-k of these scores runs :class:`_LapSumTopKCPU`: float64 CPU scores, no Triton kernel.
+        float32 keeps the PyTorch path, which computes in float32 as the Triton kernels do (in float64 the
+        softmax weights of the VJP would not underflow where theirs do, and the two backends would disagree)."""
+        return self.backend != "triton" and s.dtype == torch.float64 and s.is_cpu and not use_triton(self.backend, s)
+
+    def _hook_checks_finite(self, capability: str, scores: Tensor) -> bool:
+        """The CPU top-k tests the scores for NaN / inf in its numba pass (:func:`lapsum_cpu.topk_forward`)."""
+        return capability == TOPK_MEMBERSHIP and self._numba_topk(scores)
+
     def _topk_membership(self, s: Tensor, ks: list[float] | Tensor) -> Tensor:
         """Soft top-k memberships p = F_α(Lap⁻¹(k) - s) for each k (Thm 3.3); rows sum to k exactly."""
+        if self._numba_topk(s):
+            # numba, in one call each way; takes the ks as they are (no tensor to build) and tests s for NaN / inf
+            return _LapSumTopKCPU.apply(s, ks, self.beta)
         kt = ks.to(s.dtype) if isinstance(ks, Tensor) else torch.tensor(ks, dtype=s.dtype, device=s.device)
         return _topk(s, kt.expand(s.shape[0], kt.shape[-1]), self.beta, self.backend)
 

@@ -1,16 +1,26 @@
-"""LapSum's inverse Lap_s⁻¹ on the CPU as one numba pass per row (Struski et al. 2025, §4.1, Thm 4.1, eq. (4)).
+"""LapSum's soft top-k on the CPU in numba (Struski et al. 2025, §4.1, Thm 4.1, eq. (4), App. C.2).
 
-The same closed form as :func:`diffrank.operators.lapsum._thresholds` (log-space knots, the branch of the
-quadratic's root that does not cancel), with the knot sums from the paper's O(n) recurrences
+The inverse Lap_s⁻¹ is the closed form of :func:`diffrank.operators.lapsum._thresholds` (log-space knots, the
+branch of the quadratic's root that does not cancel), with the knot sums from the paper's O(n) recurrences
 B_i = 1 + e^{u_{i-1} - u_i} B_{i-1}, A_i = 1 + e^{u_i - u_{i+1}} A_{i+1} (every exponent <= 0, A, B in
-[1, n]; the logs only at the knots a target needs), instead of two ``logcumsumexp`` passes, and a
-values-only ``numpy.sort`` instead of ``torch.sort`` (which also builds the permutation the top-k forward
-does not need): less forward time on one CPU thread at n = 10⁵ (docs/lapsum_figures.md). Imported lazily
-(numba) by :mod:`diffrank.operators.lapsum`.
+[1, n]; the two recurrences share the n - 1 factors e^{u_{i-1} - u_i}; the logs only at the knots a target
+needs) instead of two ``logcumsumexp`` passes, and a values-only sort (numba's up to n = 4096, numpy's above)
+instead of ``torch.sort``, which also builds the permutation the top-k does not need.
+
+- :func:`thresholds`: the inverse alone (float32 / float64), for the PyTorch path of
+  :class:`diffrank.operators.lapsum._LapSumTopK`.
+- :func:`topk_forward` / :func:`topk_backward`: the whole top-k of float64 scores, forward (with the NaN / inf
+  test of the scores, the inverse and the memberships p = F(t + β s)) and closed-form VJP, one numba call each
+  (:class:`diffrank.operators.lapsum._LapSumTopKCPU`). The PyTorch path runs ~20 tensor operations (each a
+  dispatch and an allocation) where these make one call; at n = 10³ that overhead was most of the time
+  (docs/lapsum_figures.md).
+
+Imported lazily (numba) by :mod:`diffrank.operators.lapsum`.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numba
@@ -18,53 +28,142 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from diffrank.operators.base import non_finite_error
+
+_TINY = float(np.finfo(np.float64).tiny)
+
 
 @numba.njit(cache=True, nogil=True)
-def _thresholds_rows(s_asc, beta, w, t, big_a, big_b, knots):  # pragma: no cover - compiled
+def _knot_sums(s_asc, beta, big_a, big_b, knots):  # pragma: no cover - compiled
+    """A_i, B_i and the knot values Lap(u_i) = i + ½ + ½(A_i - B_i) of one row (u = -β s, s_asc ascending)."""
+    n = s_asc.shape[0]
+    # u_i = -β s_(i) with s_(i) descending, i.e. s_asc read backwards; knots holds the shared factors
+    # d_j = e^{β (s_asc[j] - s_asc[j+1])} <= 1 until it is overwritten by the knot values
+    big_b[0] = 1.0
+    for i in range(1, n):
+        d = math.exp(beta * (s_asc[n - 1 - i] - s_asc[n - i]))
+        knots[n - 1 - i] = d
+        big_b[i] = 1.0 + d * big_b[i - 1]
+    big_a[n - 1] = 1.0
+    for i in range(n - 2, -1, -1):
+        big_a[i] = 1.0 + knots[n - 2 - i] * big_a[i + 1]
+    for i in range(n):
+        knots[i] = i + 0.5 + 0.5 * (big_a[i] - big_b[i])
+
+
+@numba.njit(cache=True, nogil=True)
+def _threshold(s_asc, beta, wv, big_a, big_b, knots):  # pragma: no cover - compiled
+    """t with Σ_j F(t - u_j) = wv for one row (after :func:`_knot_sums`); wv >= n gives +inf."""
+    n = s_asc.shape[0]
+    lo_i, hi_i = 0, n  # c = #knots < wv (searchsorted, left)
+    while lo_i < hi_i:
+        mid = (lo_i + hi_i) // 2
+        if knots[mid] < wv:
+            lo_i = mid + 1
+        else:
+            hi_i = mid
+    c = lo_i
+    if c == 0:
+        return -beta * s_asc[n - 1] + math.log(2.0 * wv) - math.log(big_a[0])
+    if c == n:
+        rest = 2.0 * (n - wv)
+        return (-beta * s_asc[0] - math.log(rest) + math.log(big_b[n - 1])) if rest > 0 else math.inf
+    e = wv - c
+    lo, hi = c - 1, c
+    u_lo, u_hi = -beta * s_asc[n - 1 - lo], -beta * s_asc[n - 1 - hi]
+    la_hi, lb_lo = math.log(big_a[hi]), math.log(big_b[lo])
+    # log z, z = |e| + sqrt(e² + q), q = A_{i+1} B_i e^{u_i - u_{i+1}}, in log space (q underflows for knots far
+    # apart): z = √q (r + sqrt(r² + 1)), r = |e|/√q; each branch of the root avoids a cancellation
+    half_log_q = 0.5 * (la_hi + lb_lo + (u_lo - u_hi))
+    log_abs_e = math.log(abs(e)) if e != 0 else -math.inf
+    log_r = log_abs_e - half_log_q
+    if log_r > 20:
+        log_z = math.log(2.0) + log_abs_e
+    else:
+        log_z = half_log_q + math.asinh(math.exp(log_r))
+    return u_hi + log_z - la_hi if e > 0 else u_lo - log_z + lb_lo
+
+
+@numba.njit(cache=True, nogil=True)
+def _thresholds_rows(s_asc, beta, w, t):  # pragma: no cover - compiled
     """t[b, m] with Σ_j F(t - u_j) = w[b, m], u = -β s sorted ascending (s_asc: each row ascending)."""
     B, n = s_asc.shape
-    M = w.shape[1]
+    big_a, big_b, knots = np.empty(n), np.empty(n), np.empty(n)
     for b in range(B):
-        # u_i = -β s_(i) with s_(i) descending, i.e. s_asc read backwards
-        # A_i, B_i in [1, n] by the paper's recurrences (every exponent <= 0: nothing overflows); their logs are
-        # taken only at the two knots each target needs
-        big_b[0] = 1.0
-        for i in range(1, n):
-            big_b[i] = 1.0 + math.exp(beta * (s_asc[b, n - 1 - i] - s_asc[b, n - i])) * big_b[i - 1]
-        big_a[n - 1] = 1.0
-        for i in range(n - 2, -1, -1):
-            big_a[i] = 1.0 + math.exp(beta * (s_asc[b, n - 2 - i] - s_asc[b, n - 1 - i])) * big_a[i + 1]
+        _knot_sums(s_asc[b], beta, big_a, big_b, knots)
+        for m in range(w.shape[1]):
+            t[b, m] = _threshold(s_asc[b], beta, w[b, m], big_a, big_b, knots)
+
+
+_SORT_IN_NUMBA = 4096  # up to this n, numba's sort inside the kernel is faster than numpy's (no call, no copy)
+
+
+@numba.njit(cache=True, nogil=True)
+def _topk_forward_rows(s, s_asc, k, beta, t, p):  # pragma: no cover - compiled
+    """t[b, m] = Lap⁻¹(k[b, m]) and p[b, m, i] = F(t[b, m] + β s[b, i]); rows with k >= n are all ones.
+
+    ``s_asc``: the rows of ``s`` sorted ascending, or ``(B, 0)`` to sort them here; ``k``: ``(1 or B, M)``.
+    Returns False, computing nothing, when ``s`` holds NaN or ±inf."""
+    B, n = s.shape
+    for b in range(B):
         for i in range(n):
-            knots[i] = i + 0.5 + 0.5 * (big_a[i] - big_b[i])
-        for m in range(M):
-            wv = w[b, m]
-            lo_i, hi_i = 0, n  # c = #knots < wv (searchsorted, left)
-            while lo_i < hi_i:
-                mid = (lo_i + hi_i) // 2
-                if knots[mid] < wv:
-                    lo_i = mid + 1
-                else:
-                    hi_i = mid
-            c = lo_i
-            if c == 0:
-                t[b, m] = -beta * s_asc[b, n - 1] + math.log(2.0 * wv) - math.log(big_a[0])
+            if not math.isfinite(s[b, i]):
+                return False
+    big_a, big_b, knots = np.empty(n), np.empty(n), np.empty(n)
+    for b in range(B):
+        row = np.sort(s[b]) if s_asc.shape[1] == 0 else s_asc[b]
+        _knot_sums(row, beta, big_a, big_b, knots)
+        kb = b if k.shape[0] > 1 else 0
+        for m in range(k.shape[1]):
+            if k[kb, m] >= n:
+                t[b, m] = math.inf  # not used: the backward skips these rows (p ≡ 1)
+                p[b, m, :] = 1.0
                 continue
-            if c == n:
-                rest = 2.0 * (n - wv)
-                t[b, m] = (-beta * s_asc[b, 0] - math.log(rest) + math.log(big_b[n - 1])) if rest > 0 else math.inf
+            tv = _threshold(row, beta, k[kb, m], big_a, big_b, knots)
+            t[b, m] = tv
+            for i in range(n):
+                x = tv + beta * s[b, i]
+                e = math.exp(-abs(x))
+                p[b, m, i] = 0.5 * e if x <= 0 else 1.0 - 0.5 * e
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
+def _topk_backward_rows(s, k, t, g, beta, grad_s, grad_k):  # pragma: no cover - compiled
+    """The VJP of :func:`_topk_forward_rows` (rows with k >= n contribute nothing), see topk_backward;
+    ``grad_k`` is ``(B, M)`` whatever the rows of ``k``."""
+    B, n = s.shape
+    ex = np.empty(n)
+    for b in range(B):
+        grad_s[b, :] = 0.0
+        kb = b if k.shape[0] > 1 else 0
+        for m in range(k.shape[1]):
+            if k[kb, m] >= n:
+                grad_k[b, m] = 0.0
                 continue
-            e = wv - c
-            lo, hi = c - 1, c
-            u_lo, u_hi = -beta * s_asc[b, n - 1 - lo], -beta * s_asc[b, n - 1 - hi]
-            la_hi, lb_lo = math.log(big_a[hi]), math.log(big_b[lo])
-            half_log_q = 0.5 * (la_hi + lb_lo + (u_lo - u_hi))
-            log_abs_e = math.log(abs(e)) if e != 0 else -math.inf
-            log_r = log_abs_e - half_log_q
-            if log_r > 20:
-                log_z = math.log(2.0) + log_abs_e
-            else:
-                log_z = half_log_q + math.asinh(math.exp(log_r))
-            t[b, m] = u_hi + log_z - la_hi if e > 0 else u_lo - log_z + lb_lo
+            tv = t[b, m]
+            total = 0.0
+            for i in range(n):
+                e = math.exp(-abs(tv + beta * s[b, i]))
+                ex[i] = e
+                total += e
+            denom = max(total, _TINY)
+            vpi = 0.0  # ⟨v, π⟩, π = softmax(-|x|) = ∂p/∂k
+            for i in range(n):
+                vpi += g[b, m, i] * (ex[i] / denom)
+            coef = 0.5 * beta * total  # ∂p_i/∂s_l = β R (δ_il π_i - π_i π_l), R = ½ Σ e^{-|x|}
+            for i in range(n):
+                grad_s[b, i] += coef * (ex[i] / denom) * (g[b, m, i] - vpi)
+            grad_k[b, m] = vpi
+
+
+def _f64(x: Tensor) -> np.ndarray:
+    """A C-contiguous float64 numpy view (or copy) of a CPU tensor."""
+    if x.dtype != torch.float64:
+        x = x.to(torch.float64)
+    if not x.is_contiguous():
+        x = x.contiguous()
+    return x.numpy(force=True)
 
 
 def thresholds(scores: Tensor, beta: float, w: Tensor) -> Tensor:
@@ -78,9 +177,70 @@ def thresholds(scores: Tensor, beta: float, w: Tensor) -> Tensor:
     Returns:
         ``(B, M)`` thresholds, dtype of ``scores`` (computed in float64).
     """
-    s_asc = np.sort(scores.detach().to(torch.float64).numpy(), axis=-1)
-    wn = w.detach().to(torch.float64).contiguous().numpy()
-    n = s_asc.shape[1]
+    s_asc = np.sort(_f64(scores), axis=-1)
+    wn = _f64(w)
     t = np.empty(wn.shape, np.float64)
-    _thresholds_rows(s_asc, float(beta), wn, t, np.empty(n), np.empty(n), np.empty(n))
+    _thresholds_rows(s_asc, float(beta), wn, t)
     return torch.from_numpy(t).to(scores.dtype)
+
+
+def _ks_array(k: Tensor | list[float]) -> np.ndarray:
+    """The ks as a float64 ``(1 or B, M)`` array of their own (a copy, never written): a list or an ``(M,)`` tensor
+    gives one row for every set, a ``(B, M)`` tensor one per set."""
+    if isinstance(k, Tensor):
+        return np.array(k.detach().to(torch.float64).numpy(), np.float64, ndmin=2)
+    return _ks_list(tuple(k))
+
+
+@functools.lru_cache(maxsize=64)
+def _ks_list(ks: tuple[float, ...]) -> np.ndarray:
+    return np.array(ks, np.float64, ndmin=2)
+
+
+def topk_forward(scores: Tensor, k: Tensor | list[float], beta: float) -> tuple[Tensor, tuple]:
+    """The soft top-k forward.
+
+    Args:
+        scores: ``(B, n)`` float64 CPU (validated but for NaN / inf, which this pass tests).
+        k: ks in (0, n] (k >= n gives all ones): a list (one row of ks for every set) or a tensor ``(M,)`` or
+            ``(B, M)``.
+        beta: β > 0.
+
+    Returns:
+        ``(p, state)``: the memberships ``p (B, M, n)``, p = F(t + β s) with t = Lap⁻¹(k), and what
+        :func:`topk_backward` takes (the scores as a numpy view, the ks and the thresholds t).
+
+    Raises:
+        ValueError: ``scores`` hold NaN or ±inf (the validation's error, :func:`~diffrank.operators.base.
+            non_finite_error`: this pass is the operator's finiteness test, ``LapSum._hook_checks_finite``).
+    """
+    s = _f64(scores)
+    kn = _ks_array(k)
+    B, n = s.shape
+    t = np.empty((B, kn.shape[1]), np.float64)
+    p = np.empty((B, kn.shape[1], n), np.float64)
+    s_asc = s[:, :0] if n <= _SORT_IN_NUMBA else np.sort(s, axis=-1)
+    if not _topk_forward_rows(s, s_asc, kn, float(beta), t, p):
+        raise non_finite_error()
+    return torch.from_numpy(p), (s, kn, t)
+
+
+def topk_backward(state: tuple, grad_p: Tensor, beta: float) -> tuple[Tensor, Tensor]:
+    """The VJP of :func:`topk_forward`.
+
+    With x = t + β s, e = e^{-|x|}, π = e / Σe (= ∂p/∂k) and R = ½ Σe: ∂L/∂k = ⟨v, π⟩ and
+    ∂L/∂s_l = β R Σ_m π_l (v_l - ⟨v, π⟩) (paper App. C.2; rows with k >= n contribute nothing).
+
+    Args:
+        state: what :func:`topk_forward` returned with p.
+        grad_p: ``(B, M, n)`` upstream gradient.
+        beta: β > 0.
+
+    Returns:
+        ``(grad_s (B, n), grad_k (B, M))``.
+    """
+    s, kn, t = state
+    grad_s = np.empty(s.shape, np.float64)
+    grad_k = np.empty(t.shape, np.float64)
+    _topk_backward_rows(s, kn, t, _f64(grad_p), float(beta), grad_s, grad_k)
+    return torch.from_numpy(grad_s), torch.from_numpy(grad_k)
