@@ -41,9 +41,11 @@ def test_operator_without_topk_is_rejected_by_topk_loss(compose_train, name):
         train(cfg)
 
 
-# the classifier's baselines: not the losses of other models (sorting: sort_*; deep kNN: knn)
+# the classifier's baselines: not the losses of other models (sorting: sort_*, resgro; deep kNN: knn and its
+# autoencoder's reconstruction_mse)
 @pytest.mark.parametrize("loss", [o for o in options("loss")
-                                  if o not in ("topk_ce", "knn") and not o.startswith("sort_")])
+                                  if o not in ("topk_ce", "knn", "reconstruction_mse", "resgro")
+                                  and not o.startswith("sort_")])
 def test_fast_dev_run_baseline_losses(compose_train, loss):
     metrics, objects = train(compose_train([f"loss={loss}", *SMALL]))
     assert "test/top5" in metrics
