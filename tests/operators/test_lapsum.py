@@ -299,7 +299,7 @@ def test_cpu_numba_topk_equals_the_torch_path():
         x, (k if isinstance(k, torch.Tensor) else torch.tensor(k, dtype=F64)).expand(x.shape[0], -1), beta)
     g = torch.Generator().manual_seed(0)
     cases = [(n, beta, scale) for n in (1, 2, 5, 300) for beta in (1e-3, 1.0, 1e3, 1e8) for scale in (1e-6, 1.0, 1e30)]
-    cases += [(5000, 1.0, 1.0), (5000, 1e3, 1e-2)]  # n > 4096: numpy's sort before the kernel, not numba's in it
+    cases += [(5000, 1.0, 1.0), (5000, 1e3, 1e-2)]  # n >= 2048: the kernel's radix sort, not its quicksort
     for n, beta, scale in cases:
         ks = sorted({min(0.5, n), 1.0, n / 2, max(n - 0.5, 0.5), float(n)})
         x = torch.randn(3, n, dtype=F64, generator=g) * scale
@@ -329,9 +329,27 @@ def test_cpu_numba_topk_checks_finite_scores_itself():
                     op.topk_membership(x, ks)
             with pytest.raises(ValueError, match="scores contain non-finite values"):
                 F.topk_membership(x, 2, method="lapsum")
-    x = _rand(2, 4, seed=3).requires_grad_()
-    p = op.topk_membership(x, [2])
-    with torch.no_grad():
-        x.add_(1.0)
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        p.sum().backward()
+    for modify in ("scores", "p"):  # the backward reads both through numpy views: autograd's version check
+        x = _rand(2, 4, seed=3).requires_grad_()
+        p = op.topk_membership(x, [2])
+        with torch.no_grad():
+            (x if modify == "scores" else p).add_(1.0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            p.sum().backward()
+
+
+def test_cpu_radix_sort_equals_numpy_sort():
+    """The top-k kernel's radix sort (n >= 2048) = numpy.sort: signs, ±0, subnormals, the extremes, ties, and
+    rows whose high bytes are all equal (skipped passes)."""
+    import numpy as np
+
+    from diffrank.operators.lapsum_cpu import _radix_sorted
+
+    rng = np.random.default_rng(0)
+    special = np.array([0.0, -0.0, 5e-324, -5e-324, 2.2e-308, -2.2e-308, 1.7e308, -1.7e308, 1.0, -1.0, 1.0])
+    for a in (rng.standard_normal(3000), rng.standard_normal(2048) * 1e300, rng.integers(-3, 3, 2500) * 1.0,
+              1.0 + rng.random(4096) * 1e-12, np.concatenate([special, rng.standard_normal(3000)]), special,
+              np.full(2048, -2.5)):
+        got = _radix_sorted(a)
+        assert np.array_equal(got, np.sort(a)) and np.array_equal(np.signbit(got[got != 0]), np.signbit(
+            np.sort(a)[np.sort(a) != 0]))

@@ -186,14 +186,15 @@ class _LapSumTopKCPU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores: Tensor, k: Tensor | list[float], beta: float) -> Tensor:
         p, ctx.state = _lapsum_cpu().topk_forward(scores, k, beta)
-        # the backward reads the scores through a numpy view: saved too for autograd's in-place modification check
-        ctx.save_for_backward(scores)
+        # the backward reads the scores and p through numpy views: saved too for autograd's check that neither was
+        # modified in place in between (p is the output: saving it costs no memory)
+        ctx.save_for_backward(scores, p)
         ctx.beta, ctx.k_meta = beta, (k.dim(), k.dtype) if isinstance(k, Tensor) else None
         return p
 
     @staticmethod
     def backward(ctx, grad_p: Tensor):
-        ctx.saved_tensors  # noqa: B018 - raises if the scores were modified in place since the forward
+        ctx.saved_tensors  # noqa: B018 - raises if the scores or p were modified in place since the forward
         grad_s, grad_k = _lapsum_cpu().topk_backward(ctx.state, grad_p, ctx.beta)
         if not ctx.needs_input_grad[1]:
             return grad_s, None, None
@@ -357,8 +358,8 @@ class LapSum(RankingOperator):
             ValueError: an empty ks, a tensor of another shape, or (with the scores' finiteness, one host
                 synchronisation) a k outside (0, n].
         """
-        out_of_range = ValueError(f"k must satisfy 0 < k <= n = {n}")
         if isinstance(ks, Tensor):
+            out_of_range = ValueError(f"k must satisfy 0 < k <= n = {n}")
             if ks.dtype == torch.bool or ks.is_complex():
                 raise TypeError(f"k must be a real tensor, got dtype {ks.dtype}")
             if ks.dim() > 2 or ks.dim() == 2 and ks.shape[0] != scores.shape[0] or ks.numel() == 0:

@@ -4,16 +4,17 @@ The inverse Lap_s⁻¹ is the closed form of :func:`diffrank.operators.lapsum._t
 branch of the quadratic's root that does not cancel), with the knot sums from the paper's O(n) recurrences
 B_i = 1 + e^{u_{i-1} - u_i} B_{i-1}, A_i = 1 + e^{u_i - u_{i+1}} A_{i+1} (every exponent <= 0, A, B in
 [1, n]; the two recurrences share the n - 1 factors e^{u_{i-1} - u_i}; the logs only at the knots a target
-needs) instead of two ``logcumsumexp`` passes, and a values-only sort (numba's up to n = 4096, numpy's above)
-instead of ``torch.sort``, which also builds the permutation the top-k does not need.
+needs) instead of two ``logcumsumexp`` passes, and a values-only sort instead of ``torch.sort``, which also
+builds the permutation the top-k does not need (``numpy.sort`` for :func:`thresholds`; in the top-k kernel
+numba's quicksort, or from n = 2048 on a radix sort, 2.5x faster than ``numpy.sort`` at n = 10⁵).
 
 - :func:`thresholds`: the inverse alone (float32 / float64), for the PyTorch path of
   :class:`diffrank.operators.lapsum._LapSumTopK`.
 - :func:`topk_forward` / :func:`topk_backward`: the whole top-k of float64 scores, forward (with the NaN / inf
-  test of the scores, the inverse and the memberships p = F(t + β s)) and closed-form VJP, one numba call each
-  (:class:`diffrank.operators.lapsum._LapSumTopKCPU`). The PyTorch path runs ~20 tensor operations (each a
-  dispatch and an allocation) where these make one call; at n = 10³ that overhead was most of the time
-  (docs/lapsum_figures.md).
+  test of the scores, the inverse and the memberships p = F(t + β s)) and closed-form VJP (which reads
+  e^{-|x|} off p where that is exact), one numba call each (:class:`diffrank.operators.lapsum._LapSumTopKCPU`).
+  The PyTorch path runs ~20 tensor operations (each a dispatch and an allocation) where these make one call;
+  at n = 10³ that overhead was most of the time (docs/lapsum_figures.md).
 
 Imported lazily (numba) by :mod:`diffrank.operators.lapsum`.
 """
@@ -95,14 +96,61 @@ def _thresholds_rows(s_asc, beta, w, t):  # pragma: no cover - compiled
             t[b, m] = _threshold(s_asc[b], beta, w[b, m], big_a, big_b, knots)
 
 
-_SORT_IN_NUMBA = 4096  # up to this n, numba's sort inside the kernel is faster than numpy's (no call, no copy)
+_RADIX_MIN_N = 2048  # from this n on, a radix sort beats numba's quicksort (and numpy's sort): 2.5x at n = 10⁵
 
 
 @numba.njit(cache=True, nogil=True)
-def _topk_forward_rows(s, s_asc, k, beta, t, p):  # pragma: no cover - compiled
-    """t[b, m] = Lap⁻¹(k[b, m]) and p[b, m, i] = F(t[b, m] + β s[b, i]); rows with k >= n are all ones.
+def _radix_sorted(a):  # pragma: no cover - compiled
+    """``a`` (float64, finite, 1-D) sorted ascending: LSD radix sort, 8 passes of 8 bits over order-preserving
+    integer keys (sign bit flipped for x >= 0, every bit for x < 0); a pass whose byte is the same in every key
+    is skipped. The same values as ``numpy.sort`` (only -0.0 and 0.0 may come in another order: -0.0 first)."""
+    n = a.shape[0]
+    keys = a.copy().view(np.uint64)
+    sign = np.uint64(1) << np.uint64(63)
+    ones = ~np.uint64(0)
+    for i in range(n):
+        k = keys[i]
+        keys[i] = k ^ ones if k & sign else k | sign
+    counts = np.zeros((8, 256), np.int64)
+    for i in range(n):
+        k = keys[i]
+        for d in range(8):
+            counts[d, (k >> np.uint64(8 * d)) & np.uint64(255)] += 1
+    src, dst = keys, np.empty_like(keys)
+    for d in range(8):
+        c = counts[d]
+        if c[(src[0] >> np.uint64(8 * d)) & np.uint64(255)] == n:
+            continue
+        total = 0
+        for j in range(256):
+            cj = c[j]
+            c[j] = total
+            total += cj
+        shift = np.uint64(8 * d)
+        for i in range(n):
+            k = src[i]
+            byte = (k >> shift) & np.uint64(255)
+            dst[c[byte]] = k
+            c[byte] += 1
+        src, dst = dst, src
+    out = np.empty(n)
+    bits = out.view(np.uint64)
+    for i in range(n):
+        k = src[i]
+        bits[i] = k ^ sign if k & sign else k ^ ones
+    return out
 
-    ``s_asc``: the rows of ``s`` sorted ascending, or ``(B, 0)`` to sort them here; ``k``: ``(1 or B, M)``.
+
+@numba.njit(cache=True, nogil=True)
+def _sorted(a):  # pragma: no cover - compiled
+    """``a`` (1-D, finite) sorted ascending, by quicksort below :data:`_RADIX_MIN_N`, by radix sort from there."""
+    return np.sort(a) if a.shape[0] < _RADIX_MIN_N else _radix_sorted(a)
+
+
+@numba.njit(cache=True, nogil=True)
+def _topk_forward_rows(s, k, beta, t, p):  # pragma: no cover - compiled
+    """t[b, m] = Lap⁻¹(k[b, m]) and p[b, m, i] = F(t[b, m] + β s[b, i]); rows with k >= n are all ones.
+    ``k``: ``(1 or B, M)``.
     Returns False, computing nothing, when ``s`` holds NaN or ±inf."""
     B, n = s.shape
     for b in range(B):
@@ -111,7 +159,7 @@ def _topk_forward_rows(s, s_asc, k, beta, t, p):  # pragma: no cover - compiled
                 return False
     big_a, big_b, knots = np.empty(n), np.empty(n), np.empty(n)
     for b in range(B):
-        row = np.sort(s[b]) if s_asc.shape[1] == 0 else s_asc[b]
+        row = _sorted(s[b])
         _knot_sums(row, beta, big_a, big_b, knots)
         kb = b if k.shape[0] > 1 else 0
         for m in range(k.shape[1]):
@@ -129,9 +177,13 @@ def _topk_forward_rows(s, s_asc, k, beta, t, p):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _topk_backward_rows(s, k, t, g, beta, grad_s, grad_k):  # pragma: no cover - compiled
+def _topk_backward_rows(s, k, t, p, g, beta, grad_s, grad_k):  # pragma: no cover - compiled
     """The VJP of :func:`_topk_forward_rows` (rows with k >= n contribute nothing), see topk_backward;
-    ``grad_k`` is ``(B, M)`` whatever the rows of ``k``."""
+    ``grad_k`` is ``(B, M)`` whatever the rows of ``k``.
+
+    e = e^{-|x|} is read off the forward's p where that is exact, instead of a second exp: tiny < p < ½ means
+    x <= 0 (x > 0 gives p = fl(1 - ½e) >= ½) and p = ½e with ½e a normal number (halving is exact there), so
+    e = 2p to the bit. That holds for all items but the ~k largest, which are recomputed (the same exp)."""
     B, n = s.shape
     ex = np.empty(n)
     for b in range(B):
@@ -144,14 +196,16 @@ def _topk_backward_rows(s, k, t, g, beta, grad_s, grad_k):  # pragma: no cover -
             tv = t[b, m]
             total = 0.0
             for i in range(n):
-                e = math.exp(-abs(tv + beta * s[b, i]))
+                pv = p[b, m, i]
+                e = 2.0 * pv if _TINY < pv < 0.5 else math.exp(-abs(tv + beta * s[b, i]))
                 ex[i] = e
                 total += e
             denom = max(total, _TINY)
             vpi = 0.0  # ⟨v, π⟩, π = softmax(-|x|) = ∂p/∂k
             for i in range(n):
                 vpi += g[b, m, i] * (ex[i] / denom)
-            coef = 0.5 * beta * total  # ∂p_i/∂s_l = β R (δ_il π_i - π_i π_l), R = ½ Σ e^{-|x|}
+            # ∂p_i/∂s_l = β R (δ_il π_i - π_i π_l), R = ½ Σ e^{-|x|}; the PyTorch path's formulas and order
+            coef = 0.5 * beta * total
             for i in range(n):
                 grad_s[b, i] += coef * (ex[i] / denom) * (g[b, m, i] - vpi)
             grad_k[b, m] = vpi
@@ -208,7 +262,8 @@ def topk_forward(scores: Tensor, k: Tensor | list[float], beta: float) -> tuple[
 
     Returns:
         ``(p, state)``: the memberships ``p (B, M, n)``, p = F(t + β s) with t = Lap⁻¹(k), and what
-        :func:`topk_backward` takes (the scores as a numpy view, the ks and the thresholds t).
+        :func:`topk_backward` takes (numpy views of the scores and of p, the ks and the thresholds t; the caller
+        keeps autograd's in-place check on the scores and p).
 
     Raises:
         ValueError: ``scores`` hold NaN or ±inf (the validation's error, :func:`~diffrank.operators.base.
@@ -219,10 +274,9 @@ def topk_forward(scores: Tensor, k: Tensor | list[float], beta: float) -> tuple[
     B, n = s.shape
     t = np.empty((B, kn.shape[1]), np.float64)
     p = np.empty((B, kn.shape[1], n), np.float64)
-    s_asc = s[:, :0] if n <= _SORT_IN_NUMBA else np.sort(s, axis=-1)
-    if not _topk_forward_rows(s, s_asc, kn, float(beta), t, p):
+    if not _topk_forward_rows(s, kn, float(beta), t, p):
         raise non_finite_error()
-    return torch.from_numpy(p), (s, kn, t)
+    return torch.from_numpy(p), (s, kn, t, p)
 
 
 def topk_backward(state: tuple, grad_p: Tensor, beta: float) -> tuple[Tensor, Tensor]:
@@ -239,8 +293,8 @@ def topk_backward(state: tuple, grad_p: Tensor, beta: float) -> tuple[Tensor, Te
     Returns:
         ``(grad_s (B, n), grad_k (B, M))``.
     """
-    s, kn, t = state
+    s, kn, t, p = state
     grad_s = np.empty(s.shape, np.float64)
     grad_k = np.empty(t.shape, np.float64)
-    _topk_backward_rows(s, kn, t, _f64(grad_p), float(beta), grad_s, grad_k)
+    _topk_backward_rows(s, kn, t, p, _f64(grad_p), float(beta), grad_s, grad_k)
     return torch.from_numpy(grad_s), torch.from_numpy(grad_k)
