@@ -47,6 +47,23 @@ def test_runs_in_another_precision_are_not_pooled(tmp_path):
     assert sorted((ln["budget"], ln["mean"]) for ln in lines) == [("1000×20", 80.0), ("1000×20 bf16-mixed", 20.0)]
 
 
+def test_runs_on_a_swapped_data_group_are_not_the_rows_number(tmp_path):
+    """`experiment=<MNIST row> data=digits_sort` (the docs' offline check) is labelled with its data on every
+    line and never pooled with the row's own data."""
+    _write(tmp_path, "mnist", CAUCHY5, {"test/em": 0.80})
+    d = tmp_path / "digits"
+    d.mkdir()
+    (d / "results.json").write_text(json.dumps({
+        "paper": CAUCHY5, "metrics": {"test/em": 0.50}, "overrides": ["trainer.max_steps=1000", "data=digits_sort"],
+        "config": {"trainer": {"max_steps": 99}, "data": {"batch_size": 20}}}))
+    lines = [ln for ln in report.collect([tmp_path])["tables"][("petersen_thesis_2022", "3.7")]
+             if ln["metric"] == "EM" and ln["runs"]]
+    assert sorted((ln["data"], ln["mean"]) for ln in lines) == [("", 80.0), ("data=digits_sort", 50.0)]
+    header, cells = report.table_rows(lines)
+    col = header.index("data")
+    assert sorted(c[col] for c in cells) == ["data=digits_sort", "real"]
+
+
 def test_reference_tables_load_and_match():
     names = reference.table_names()
     assert "sorting_thesis_table3_7" in names and "lapsum_icml2025_table4" in names and "topk_icml2022_table1" in names

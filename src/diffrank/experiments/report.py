@@ -116,6 +116,18 @@ def run_device(run: dict[str, Any]) -> str:
     return str(run.get("device") or "").split(" (", 1)[0].strip()
 
 
+def run_data(run: dict[str, Any]) -> str:
+    """What a run's data was when it is not the row's: ``"synthetic"`` for generated stand-in data
+    (``results.json`` ``synthetic_data``), the data config for a row whose data group was swapped on the command
+    line (``data=digits_sort``: an offline check of an MNIST row is not an MNIST number), ``""`` for the row's
+    own data. The report never pools runs of different data and names it in a ``data`` column."""
+    if run.get("synthetic_data"):
+        return "synthetic"
+    swapped = [o.split("=", 1)[1] for o in run.get("overrides") or ()
+               if isinstance(o, str) and o.lstrip("+~").startswith("data=")]
+    return f"data={swapped[-1]}" if swapped else ""
+
+
 def collect(paths: Iterable[str | Path], metric_prefix: str = "test/") -> dict[str, Any]:
     """Match every results.json under ``paths`` to the reference rows (:func:`collect_runs` on the files read,
     copied baselines included).
@@ -161,12 +173,12 @@ def collect_runs(records: Iterable[tuple[str | Path, dict[str, Any]]], metric_pr
             skipped += 1
             continue
         runs += 1
-        # runs on generated stand-in data (results.json synthetic_data) never pool with runs on the real data,
-        # nor runs of another budget (a short check of a row is not one of its seeds), λ or device
-        groups[(_key(paper), bool(run.get("synthetic_data")), run_budget(run), run_tikhonov(run),
+        # runs on other data (generated, or a swapped data group) never pool with runs on the row's data, nor
+        # runs of another budget (a short check of a row is not one of its seeds), λ or device
+        groups[(_key(paper), run_data(run), run_budget(run), run_tikhonov(run),
                 run_device(run))].append((path, run))
     tables: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for (key, synthetic, budget, tikhonov, device), members in groups.items():
+    for (key, data, budget, tikhonov, device), members in groups.items():
         try:
             rows = reference.match(dict(key))
         except KeyError:
@@ -190,7 +202,7 @@ def collect_runs(records: Iterable[tuple[str | Path, dict[str, Any]]], metric_pr
                 "delta": mean - paper_value if ours else math.nan, "runs": len(ours),
                 "budget": budget, "tikhonov": tikhonov, "device": device,
                 "run_dirs": [str(p.parent) for p, _ in members], "selected": selected,
-                "data": "synthetic" if synthetic else "",
+                "data": data,
             })
     if copies:
         for key, lines in copy_lines(tables).items():
@@ -431,8 +443,8 @@ def table_rows(lines: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]
     devices = len({ln.get("device", "") for ln in lines if ln["runs"]}) > 1
     if devices:
         header.append("device")
-    synthetic = any(ln.get("data") for ln in lines)
-    if synthetic:  # say it on every row: a number on generated data is not a reproduction
+    other_data = any(ln.get("data") for ln in lines)
+    if other_data:  # say it on every row: a number on generated or swapped-in data is not a reproduction
         header.insert(len(cols), "data")
     selected = any(ln.get("selected") for ln in lines)
     if selected:
@@ -449,7 +461,7 @@ def table_rows(lines: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]
             delta = delta[1:]
         if delta != "—" and not delta.startswith("-"):
             delta = "+" + delta
-        cells.append([*(ln["row"].get(c, "") for c in cols), *([ln.get("data") or "real"] if synthetic else []),
+        cells.append([*(ln["row"].get(c, "") for c in cols), *([ln.get("data") or "real"] if other_data else []),
                       ln["metric"], ln["row"]["value"] or "—", ours, delta,
                       str(ln["runs"]), ln["budget"], *([ln.get("tikhonov") or ""] if newton else []),
                       *([ln.get("device", "")] if devices else []),
