@@ -133,6 +133,24 @@ def test_isotonic_dykstra_is_decreasing_projection():
                                rtol=0)
 
 
+def test_dykstra_at_one_item_and_beyond_the_dtype_resolution():
+    """Found by the fuzz matrix's Dykstra variant: n = 1 (its backward indexed an empty block start), and βx past
+    1 / ε of the dtype (2^24 in float32), where s - (s - 1) rounds to 0 or 2: the mask is the exact hard one
+    there (every item a singleton, as PAV returns it), sums to k and has no gradient."""
+    for dtype in (torch.float32, torch.float64):
+        x = torch.tensor([[0.7]], dtype=dtype, requires_grad=True)
+        m = sparse_soft_topk_mask(x, 1, 10.0, 2.0, "dykstra")
+        (g,) = torch.autograd.grad(m.sum(), x)
+        assert m.item() == 1.0 and g.item() == 0.0
+        x = torch.tensor([[3.0, -1.0, 2.0, 0.5, -2.0]], dtype=dtype, requires_grad=True)
+        for beta in (1e8, 1e20):
+            m = sparse_soft_topk_mask(x, 2, beta, 2.0, "dykstra")
+            assert torch.equal(m, torch.tensor([[1.0, 0.0, 1.0, 0.0, 0.0]], dtype=dtype))
+            assert torch.equal(m, sparse_soft_topk_mask(x, 2, beta, 2.0, "pav").to(dtype))
+            (g,) = torch.autograd.grad(m.sum(), x)
+            assert torch.equal(g, torch.zeros_like(g))
+
+
 def test_dykstra_warns_when_not_converged():
     x = torch.randn(2, 200, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     with pytest.warns(RuntimeWarning, match="Dykstra"):

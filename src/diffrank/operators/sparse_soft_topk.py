@@ -25,7 +25,9 @@ in x). Both are exactly sparse: items below a soft margin get an exact 0, items 
   average of violating neighbours), batched in torch in the input's compute dtype. Approximate: it stops
   after ``max_iter`` iterations or when an iterate moves less than ``tolerance`` (z units). Its VJP is the
   p = 2 block VJP above on the blocks read off the iterate (neighbours closer than √``tolerance``).
-  The mask sums to k to rounding (pair averages keep Σ v), but may leave [0, 1] by the residual.
+  The mask sums to k to rounding (pair averages keep Σ v), but may leave [0, 1] by the residual. An item
+  whose y = s - v is within the rounding of s (8 ulp of the row's largest |s|) of its w returns w exactly: past
+  βx ~ 1 / ε of the dtype, s - v alone would round to 0 or 2 where the exact mask is 1.
 
 - **Magnitude** (:func:`sparse_soft_topk_magnitude`, paper §3.3): a soft x ∘ mask(|x|) by the weighted
   isotonic problem on sorted |x| (blocks: a ratio of sums for p = 2, a depressed cubic for p = 4/3), its
@@ -374,10 +376,15 @@ class _DykstraMask(torch.autograd.Function):
         v, it, change = isotonic_dykstra(s - w, max_iter, tolerance)
         info["iterations"], info["change"] = it, change
         y = s - v
+        # y = s - v carries the rounding of numbers of the size of s (~ulp(max |s|)). Where y is within that of its
+        # w, the item is an exact 0 / 1, as in the exact solution: y = w. Without this, once ulp(|βx|) > 1 (βx beyond
+        # 1 / ε of the dtype: 2^24 in float32), s - (s - 1) rounds to 0 or 2 and the mask no longer sums to k
+        noise = 8 * torch.finfo(s.dtype).eps * s.abs().amax(-1, keepdim=True)
+        y = torch.where((y - w).abs() <= noise, w, y)
         # neighbours closer than √tolerance share a block (the iterate's spread inside a block is ~20-100× the
         # last change, more than the tolerance itself); a singleton (an exact 0 / 1 item) has no gradient
         same = (v[:, 1:] - v[:, :-1]).abs() <= tolerance ** 0.5
-        new = torch.cat([torch.ones_like(same[:, :1]), ~same], dim=-1)
+        new = torch.cat([torch.ones_like(v[:, :1], dtype=torch.bool), ~same], dim=-1)  # (B, 1) even for n = 1
         start = torch.where(new, torch.arange(s.shape[-1], device=s.device).expand_as(s), 0).cummax(-1).values
         size = torch.zeros_like(s).scatter_add_(-1, start, torch.ones_like(s)).gather(-1, start)
         a = (size > 1).to(s.dtype)
