@@ -1,6 +1,7 @@
 """No silent wrong answer: every operator × dtype × β × score scale × n × batch size, drawn by hypothesis.
 
-For every operator of ``configs/operator/`` and each of its capabilities, a case is a dtype (float16, bfloat16,
+For every operator of ``configs/operator/`` (its config's defaults, plus the solver variants of
+:data:`VARIANTS`) and each of its capabilities, a case is a dtype (float16, bfloat16,
 float32, float64), β = 10^u with u in [-3, 9] (12 decades: the β a user can type; an operator outside its
 range must raise), scores = scale · z with scale = 10^v, v in [-12, 30],
 z distinct values spread over [-1, 1], n in [1, 1000] (top-k membership; full P, soft sort and soft rank up to
@@ -46,6 +47,13 @@ SOLVER_TOL = {"sinkhorn": 1e-2, "soft_topk": 1e-5}
 SCALE_INVARIANT = {"sinkhorn"}  # standardises the scores first: β acts on the standardised scores
 LIMIT_WORDS = ("range", "limit", "overflow", "exceed", "finite", "too large", "too small")
 EXAMPLES = 100
+# settings beyond a config's defaults that take another code path, fuzzed as operators of their own:
+# name -> [(label, constructor options, examples)]. Sparse soft top-k's p = 2 PAV (block means instead of the
+# cubic) and its Dykstra iteration (batched torch, p = 2; half the examples, ~25 ms each)
+VARIANTS = {"sparse_soft_topk": [("p2", {"p": 2}, EXAMPLES), ("dykstra", {"p": 2, "solver": "dykstra"}, 50)]}
+# warnings a variant gives by design: an unconverged Dykstra run warns (test_sparse_soft_topk checks that); the
+# matrix holds its result to the same invariants
+EXPECTED_WARNINGS = {"dykstra": r"ignore:sparse soft top-k \(Dykstra\)"}
 # (operator, dtype) -> cases, raised, compared with float64, worst relative error, checked against the hard result
 MATRIX: dict = defaultdict(lambda: {"cases": 0, "raised": 0, "compared": 0, "worst": 0.0, "hard": 0})
 
@@ -106,13 +114,14 @@ def _check_invariants(op, capability: str, out: torch.Tensor, s: torch.Tensor, k
 
 
 def _case(name: str, capability: str, dtype: torch.dtype, log_beta: float, log_scale: float, n: int, B: int,
-          seed: int) -> None:
+          seed: int, variant: str = "", options: dict | None = None) -> None:
     beta, scale = 10.0 ** log_beta, 10.0 ** log_scale
     try:
-        op = load(name, beta=beta)
+        op = load(name, beta=beta, **(options or {}))
     except ValueError as e:
         assert any(w in str(e) for w in LIMIT_WORDS), f"unclear error: {e}"
         return
+    name = f"{name}[{variant}]" if variant else name  # the matrix row and the messages name the variant
     row = MATRIX[(name, str(dtype).removeprefix("torch."))]
     row["cases"] += 1
     ks = sorted({1, min(3, n)})
@@ -177,31 +186,44 @@ def _case(name: str, capability: str, dtype: torch.dtype, log_beta: float, log_s
                 f"{name}.{capability} {dtype}: {err:.3g} from the hard result at β·gap = {beta * gap:.3g}")
 
 
+def _variants(name: str) -> list[tuple[str, dict, int]]:
+    """The config's defaults (label "") and the variants of :data:`VARIANTS`: (label, options, examples)."""
+    return [("", {}, EXAMPLES), *VARIANTS.get(name, [])]
+
+
 def _params():
-    return [pytest.param(name, cap, id=f"{name}-{cap}") for name in available()
-            for cap in sorted(load(name).capabilities)]
+    return [pytest.param(name, cap, label, options, examples, id=f"{name}[{label}]-{cap}" if label else f"{name}-{cap}",
+                         marks=[pytest.mark.filterwarnings(EXPECTED_WARNINGS[label])] if label in EXPECTED_WARNINGS
+                         else [])
+            for name in available() for label, options, examples in _variants(name)
+            for cap in sorted(load(name, **options).capabilities)]
 
 
-@pytest.mark.parametrize(("name", "capability"), _params())
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(data=st.data())
-def test_no_silent_wrong_answer(name, capability, data):
-    cap_n = min(MAX_N[capability], MAX_N_OPERATOR.get(name, 1000))
-    dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
-    log_beta = data.draw(st.floats(-3, 9), label="log10 beta")
-    log_scale = data.draw(st.floats(-12, 30), label="log10 scale")
-    n = data.draw(st.one_of(st.integers(1, 8), st.integers(1, cap_n)), label="n")
-    B = data.draw(st.sampled_from([0, 1, 3]), label="B")
-    seed = data.draw(st.integers(0, 2 ** 16), label="seed")
-    _case(name, capability, dtype, log_beta, log_scale, n, B, seed)
+@pytest.mark.parametrize(("name", "capability", "variant", "options", "examples"), _params())
+def test_no_silent_wrong_answer(name, capability, variant, options, examples):
+    # hypothesis' settings take the number of examples, which depends on the variant: applied per test
+    @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(data=st.data())
+    def run(data):
+        cap_n = min(MAX_N[capability], MAX_N_OPERATOR.get(name, 1000))
+        dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
+        log_beta = data.draw(st.floats(-3, 9), label="log10 beta")
+        log_scale = data.draw(st.floats(-12, 30), label="log10 scale")
+        n = data.draw(st.one_of(st.integers(1, 8), st.integers(1, cap_n)), label="n")
+        B = data.draw(st.sampled_from([0, 1, 3]), label="B")
+        seed = data.draw(st.integers(0, 2 ** 16), label="seed")
+        _case(name, capability, dtype, log_beta, log_scale, n, B, seed, variant, options)
+
+    run()
 
 
-@pytest.mark.parametrize("name", available())
+@pytest.mark.parametrize(("name", "options"), [pytest.param(name, options, id=f"{name}[{label}]" if label else name)
+                                                for name in available() for label, options, _ in _variants(name)])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_empty_batch(name, dtype):
+def test_empty_batch(name, options, dtype):
     """B = 0 returns empty results of the right shape (no raw RuntimeError from a reduction)."""
-    op = load(name)
+    op = load(name, **options)
     s = torch.zeros(0, 6, dtype=dtype)
     for cap in op.capabilities:
         out = _call(op, cap, s, [1, 3])
