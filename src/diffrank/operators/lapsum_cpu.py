@@ -269,7 +269,7 @@ def topk_forward(scores: Tensor, k: Tensor | list[float], beta: float) -> tuple[
         ValueError: ``scores`` hold NaN or ±inf (the validation's error, :func:`~diffrank.operators.base.
             non_finite_error`: this pass is the operator's finiteness test, ``LapSum._hook_checks_finite``).
     """
-    s = _f64(scores)
+    s = (scores if scores.is_contiguous() else scores.contiguous()).numpy(force=True)
     kn = _ks_array(k)
     B, n = s.shape
     t = np.empty((B, kn.shape[1]), np.float64)
@@ -296,5 +296,6 @@ def topk_backward(state: tuple, grad_p: Tensor, beta: float) -> tuple[Tensor, Te
     s, kn, t, p = state
     grad_s = np.empty(s.shape, np.float64)
     grad_k = np.empty(t.shape, np.float64)
-    _topk_backward_rows(s, kn, t, p, _f64(grad_p), float(beta), grad_s, grad_k)
+    g = (grad_p if grad_p.is_contiguous() else grad_p.contiguous()).numpy(force=True)  # float64: p's dtype
+    _topk_backward_rows(s, kn, t, p, g, float(beta), grad_s, grad_k)
     return torch.from_numpy(grad_s), torch.from_numpy(grad_k)
