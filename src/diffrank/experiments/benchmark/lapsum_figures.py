@@ -42,6 +42,7 @@ import csv
 import importlib.util
 import io
 import math
+import statistics
 import time
 import warnings
 from pathlib import Path
@@ -49,7 +50,7 @@ from pathlib import Path
 import torch
 
 from diffrank.experiments.benchmark.grid import cell
-from diffrank.experiments.benchmark.harness import Measurement, fmt_bytes, fmt_time, fwd_bwd, measure
+from diffrank.experiments.benchmark.harness import Measurement, fmt_bytes, fmt_time, fwd_bwd
 
 NS = [100, 1000, 10000, 100000, 1000000]
 QUICK_NS = [50, 200]
@@ -324,7 +325,8 @@ def run_permutation(args, sink) -> list[dict]:
 
 
 def run_official(args, sink) -> list[dict]:
-    """Our LapSum vs the official C++ extension: equality (float64) and time ratio at n = 1e3, 1e4, 1e5."""
+    """Our LapSum vs the official C++ extension: equality (float64) and time ratio at n = 1e3, 1e4, 1e5 (B = 1
+    fwd+bwd, the two alternating: :func:`_alternating`)."""
     from diffrank.experiments.benchmark.lapsum_reference import official_topk
     from diffrank.operators import load
 
@@ -347,14 +349,28 @@ def run_official(args, sink) -> list[dict]:
                 (b * g).sum().backward()
                 dv, dg = float((a - b).detach().abs().max()), float((xa.grad - xb.grad).abs().max())
                 x1 = x[:1]
-                ours = measure(fwd_bwd(lambda s, op=op, k=k: op.topk_membership(s, [k])[:, 0], x1), "cpu",
-                               repeats=5, max_seconds=args.max_seconds)
-                theirs = measure(fwd_bwd(lambda s, k=k, beta=beta: f(s, k, beta), x1), "cpu", repeats=5,
-                                 max_seconds=args.max_seconds)
+                ours, theirs = _alternating([fwd_bwd(lambda s, op=op, k=k: op.topk_membership(s, [k])[:, 0], x1),
+                                             fwd_bwd(lambda s, k=k, beta=beta: f(s, k, beta), x1)],
+                                            rounds=7 if n <= 10000 else 5, calls=5 if n <= 10000 else 3)
                 rows.append(sink({"n": n, "k": k, "beta": beta, "max_abs_value_diff": dv, "max_abs_grad_diff": dg,
-                                  "ours_fwd_bwd_s": ours.seconds, "official_fwd_bwd_s": theirs.seconds,
-                                  "official_over_ours": theirs.seconds / ours.seconds}))
+                                  "ours_fwd_bwd_s": ours, "official_fwd_bwd_s": theirs,
+                                  "official_over_ours": theirs / ours}))
     return rows
+
+
+def _alternating(fns: list, rounds: int, calls: int) -> list[float]:
+    """Median seconds per call of each closure, timed in ``rounds`` rounds of ``calls`` calls each (after one
+    untimed call), the closures taking turns within a round and the one that goes first rotating: on a shared
+    machine whose load drifts within a minute, each sees the same load (docs/lapsum_figures.md)."""
+    times: list[list[float]] = [[] for _ in fns]
+    for r in range(rounds):
+        for i in [(r + j) % len(fns) for j in range(len(fns))]:
+            fns[i]()
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                fns[i]()
+                times[i].append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times]
 
 
 # -- figures ---------------------------------------------------------------------------------------------
