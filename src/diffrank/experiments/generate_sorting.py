@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from diffrank import reference
-from diffrank.experiments.generated import write_generated, yaml_flow
+from diffrank.experiments.generated import render_rows, write_generated, yaml_flow
 from diffrank.registry import config_dir
 
 OUT = config_dir() / "experiment" / "sorting"
@@ -333,11 +333,12 @@ def render_row(row: Row) -> str:
 
 
 def render() -> dict[str, str]:
-    """``{path relative to configs/experiment/sorting: yaml text}`` of every row."""
-    out = {f"{r.name}.yaml": render_row(r) for r in rows()}
-    if len(out) != len(rows()):
-        raise ValueError("two rows share a name")
-    return out
+    """``{path relative to configs/experiment/sorting: yaml text}`` of every row.
+
+    Raises:
+        ValueError: two rows share a name.
+    """
+    return render_rows(rows(), render_row)
 
 
 def main() -> dict[str, str]:

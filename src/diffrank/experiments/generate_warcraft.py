@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from diffrank.experiments.generated import write_generated, yaml_flow
+from diffrank.experiments.generated import render_rows, write_generated, yaml_flow
 from diffrank.registry import config_dir
 
 OUT = config_dir() / "experiment" / "warcraft"
@@ -125,11 +125,7 @@ def render() -> dict[str, str]:
     Raises:
         ValueError: two rows share a name.
     """
-    all_rows = rows()
-    out = {f"{r.name}.yaml": render_row(r) for r in all_rows}
-    if len(out) != len(all_rows):
-        raise ValueError("two rows share a name")
-    return out
+    return render_rows(rows(), render_row)
 
 
 def main() -> dict[str, str]:

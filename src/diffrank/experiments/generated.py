@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,18 @@ def write_generated(out: Path, tables: Iterable[str], files: dict[str, str]) -> 
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
     return files
+
+
+def render_rows(rows: Sequence[Any], render_row: Callable[[Any], str]) -> dict[str, str]:
+    """``{"<row.name>.yaml": render_row(row)}`` for a generator's rows (each with a ``name``).
+
+    Raises:
+        ValueError: two rows share a name (one would overwrite the other).
+    """
+    out = {f"{r.name}.yaml": render_row(r) for r in rows}
+    if len(out) != len(rows):
+        raise ValueError("two rows share a name")
+    return out
 
 
 _YAML_WORDS = ("true", "false", "null", "yes", "no", "on", "off")
