@@ -225,6 +225,7 @@ def _baseline(line: dict[str, Any], baselines: list[dict[str, Any]],
     operator_is_the_cell = line["row"].get("operator", "") in regular_operators
     for ignored in (("method",),) if operator_is_the_cell else (("method",), ("method", "operator")):
         def cell(ln: dict[str, Any], ignored: tuple[str, ...] = ignored) -> tuple:
+            """A line's cell key without the ``ignored`` label columns."""
             return (*(ln["row"].get(c, "") for c in LABEL_COLUMNS if c not in ignored), ln["metric"], ln["budget"],
                     ln.get("data", ""), ln.get("device", ""))
         found = [b for b in baselines if cell(b) == cell(line)]
