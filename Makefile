@@ -49,8 +49,8 @@ test-all: $(STAMP)  ## every test that runs on this machine
 bench: $(STAMP)  ## benchmark tables: ours vs the peer libraries (time, peak memory)
 	$(BIN)/python -m diffrank.experiments.benchmark $(ARGS)
 
-report: $(STAMP)  ## compare every results.json under outputs/ with the papers' tables
-	$(BIN)/python -m diffrank.experiments.report outputs $(ARGS)
+report: $(STAMP)  ## compare the archived runs (results/) and every results.json under outputs/ with the papers' tables
+	$(BIN)/python -m diffrank.experiments.report results $(wildcard outputs) $(ARGS)
 
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check .

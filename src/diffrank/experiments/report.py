@@ -51,28 +51,12 @@ from pathlib import Path
 from typing import Any
 
 from diffrank import reference
+from diffrank.experiments.archive import find_records
 from diffrank.experiments.record import RunRecord
 
 # the columns that identify a reference row to a reader; shown when they vary inside a table
 SIGNIFICANCE = 0.05  # thesis §7.5.1: "significance tests (significance level 0.05)"
 LABEL_COLUMNS = ("dataset", "model", "method", "operator", "sigmoid", "network", "n", "pk", "m", "setting")
-
-
-def find_results(paths: Iterable[str | Path]) -> list[Path]:
-    """All ``results.json`` files under the given files / folders, sorted.
-
-    Raises:
-        FileNotFoundError: a path that does not exist.
-    """
-    found: set[Path] = set()
-    for p in map(Path, paths):
-        if not p.exists():
-            raise FileNotFoundError(f"no such file or folder: {p}")
-        if p.is_file():
-            found.add(p)
-        else:
-            found.update(p.rglob("results.json"))
-    return sorted(found)
 
 
 def _key(paper: dict[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -129,8 +113,9 @@ def run_data(run: dict[str, Any]) -> str:
 
 
 def collect(paths: Iterable[str | Path], metric_prefix: str = "test/") -> dict[str, Any]:
-    """Match every results.json under ``paths`` to the reference rows (:func:`collect_runs` on the files read,
-    copied baselines included).
+    """Match every run record under ``paths`` (``results.json`` files, folders searched recursively, and run
+    archives: :func:`diffrank.experiments.archive.find_records`) to the reference rows (:func:`collect_runs` on
+    the records, copied baselines included).
 
     Returns:
         ``{"tables": {(paper, table): [line, ...]}, "unmatched": [(path, paper_key)], "skipped": int,
@@ -139,14 +124,9 @@ def collect(paths: Iterable[str | Path], metric_prefix: str = "test/") -> dict[s
 
     Raises:
         FileNotFoundError: a path that does not exist.
+        ValueError: a malformed run archive.
     """
-    runs: list[tuple[Path, dict[str, Any]]] = []
-    for path in find_results(paths):
-        rec = RunRecord.read(path)
-        if rec is None:
-            print(f"warning: cannot read {path} (missing, partial or not a JSON object)", file=sys.stderr)
-            continue
-        runs.append((path, rec.to_dict()))
+    runs = [(path, rec.to_dict()) for path, rec in find_records(paths)]
     return collect_runs(runs, metric_prefix, copies=True)
 
 
@@ -553,7 +533,7 @@ def write_report(paths: Iterable[str | Path], out: str | Path = "outputs/report"
     (:func:`diffrank.experiments.report_pk.reports`); the last line printed names the files.
 
     Args:
-        paths: run folders, searched recursively for ``results.json``.
+        paths: run folders (searched recursively for ``results.json`` and run archives) or such files.
         out: the folder written (created).
         metric_prefix: our metrics are ``<prefix><metric>``.
         quiet: print only the line naming the files.
@@ -587,7 +567,8 @@ def main(argv: list[str] | None = None) -> None:
     """Command line of :func:`write_report` (``python -m diffrank.experiments.report RUN_DIR... [--out DIR]``)."""
     ap = argparse.ArgumentParser(prog="python -m diffrank.experiments.report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("paths", nargs="+", help="run folders (searched recursively for results.json)")
+    ap.add_argument("paths", nargs="+",
+                    help="run folders (searched recursively for results.json and *.jsonl.gz run archives) or files")
     ap.add_argument("--out", default="outputs/report", help="folder for report.md and report.png")
     ap.add_argument("--metric-prefix", default="test/", help="our metrics are <prefix><metric> (default test/)")
     ap.add_argument("--quiet", action="store_true", help="do not print the tables")

@@ -31,7 +31,7 @@ from statistics import mean
 from typing import Any
 
 from diffrank import reference
-from diffrank.experiments.record import RunRecord
+from diffrank.experiments.archive import find_records
 
 PAPER = "petersen_difftopk_icml2022"
 PK_ORDER = ("[1,0,0,0,0]", "[0,0,0,0,1]", "[.5,0,0,0,.5]", "[.25,0,0,0,.75]", "[.1,0,0,0,.9]", "[.2,.2,.2,.2,.2]")
@@ -119,23 +119,17 @@ def run_from_record(record: Mapping[str, Any], path: str = "") -> Run | None:
 
 
 def collect(paths: Iterable[str | Path], dataset: str | None = None) -> list[Run]:
-    """Every finished benchmark run under ``paths`` (``results.json`` files or folders searched recursively),
-    optionally only those of ``dataset``. A record read twice (the same file) counts once.
+    """Every finished benchmark run under ``paths`` (``results.json`` files, run archives, or folders searched
+    recursively for both: :func:`diffrank.experiments.archive.find_records`), optionally only those of
+    ``dataset``. A record read twice (the same file, or a run archived and in its folder) counts once.
 
     Raises:
         FileNotFoundError: a path that does not exist.
-        ValueError: a malformed ``benchmark`` key (see :func:`run_from_record`).
+        ValueError: a malformed ``benchmark`` key (see :func:`run_from_record`) or run archive.
     """
-    files: dict[Path, None] = {}
-    for p in map(Path, paths):
-        if not p.exists():
-            raise FileNotFoundError(f"no such results file or folder: {p}")
-        for f in ([p] if p.is_file() else sorted(p.rglob("results.json"))):
-            files[f.resolve()] = None
     runs = []
-    for f in files:
-        rec = RunRecord.read(f)
-        run = run_from_record(rec.to_dict(), str(f)) if rec else None
+    for f, rec in find_records(paths):
+        run = run_from_record(rec.to_dict(), str(f))
         if run and (dataset is None or run.dataset == dataset):
             runs.append(run)
     return runs

@@ -1,0 +1,78 @@
+"""Run archives (diffrank.experiments.archive): records kept in the repository give the report the same lines as
+the run folders they came from, each run once."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from diffrank.experiments import archive, report
+
+CAUCHY5 = {"paper": "petersen_thesis_2022", "table": "3.7", "dataset": "mnist4", "method": "Cauchy CDF",
+           "network": "odd_even", "n": 5}
+
+
+def _run(root, name, em, status="done", finished="2026-11-26T10:00:00+0000"):
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "results.json").write_text(json.dumps({
+        "schema": 2, "status": status, "paper": CAUCHY5, "metrics": {"test/em": em} if status == "done" else {}, "optimizer_steps": 1000,
+        "global_batch": 20, "run_dir": str(d), "finished_at": finished, "seed": int(name[-1])}))
+    return d
+
+
+def _em(result):
+    return next(ln for ln in result["tables"][("petersen_thesis_2022", "3.7")] if ln["metric"] == "EM")
+
+
+def test_archive_gives_the_report_of_its_run_folders(tmp_path):
+    runs = tmp_path / "outputs"
+    for i, em in enumerate((0.80, 0.84, 0.78)):
+        _run(runs, f"seed{i}", em)
+    _run(runs, "seed9", None, status="failed")
+    out = tmp_path / "results" / "t3_7.jsonl.gz"
+    assert archive.write_archive([runs], out) == 3  # the failed run is not archived
+    from_folders, from_archive = report.collect([runs]), report.collect([out])
+    assert _em(from_archive)["ours"] == pytest.approx([80.0, 84.0, 78.0])
+    assert _em(from_archive)["ours"] == _em(from_folders)["ours"]
+    assert _em(from_archive)["run_dirs"] == [str(runs / f"seed{i}") for i in range(3)]
+    # a run both archived and still in its folder counts once; the folder searched finds the archive too
+    both = report.collect([runs, out])
+    assert _em(both)["runs"] == 3 and both["runs"] == 4  # 3 done + the failed run (a paper key, no metrics)
+    assert _em(report.collect([tmp_path]))["runs"] == 3
+
+
+def test_archive_is_byte_stable_and_keeps_what_it_held(tmp_path):
+    runs = tmp_path / "outputs"
+    _run(runs, "a/seed0", 0.8)
+    out = tmp_path / "t.jsonl.gz"
+    archive.write_archive([runs], out)
+    first = out.read_bytes()
+    archive.write_archive([runs], out)
+    assert out.read_bytes() == first  # same runs, same bytes (sorted lines, zero gzip timestamp)
+    _run(tmp_path / "later", "b/seed1", 0.9)
+    assert archive.write_archive([tmp_path / "later"], out) == 2  # the earlier run stays
+    lines = gzip.decompress(out.read_bytes()).decode().splitlines()
+    assert [json.loads(line)["metrics"]["test/em"] for line in lines] == [0.9, 0.8]  # by run folder
+    # a run archived again after it resumed and finished later: its new record replaces the old one
+    (runs / "a/seed0/results.json").unlink()
+    (runs / "a/seed0").rmdir()
+    _run(runs, "a/seed0", 0.85, finished="2026-11-27T10:00:00+0000")
+    assert archive.write_archive([runs], out) == 2
+    assert [r.metrics["test/em"] for _, r in archive.read_archive(out)] == [0.9, 0.85]
+
+
+def test_bad_archives_are_refused_with_the_line(tmp_path):
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_bytes(gzip.compress(b'{"status": "done"}\n[1, 2]\n'))
+    with pytest.raises(ValueError, match=r"bad.jsonl.gz, line 2: a list"):
+        report.collect([bad])
+    bad.write_bytes(b"not gzip")
+    with pytest.raises(ValueError, match="not a run archive"):
+        archive.read_archive(bad)
+    with pytest.raises(ValueError, match="ends in .jsonl.gz"):
+        archive.write_archive([tmp_path], tmp_path / "x.json")
+    with pytest.raises(FileNotFoundError):
+        archive.find_records([tmp_path / "nope"])
