@@ -76,3 +76,17 @@ def test_bad_archives_are_refused_with_the_line(tmp_path):
         archive.write_archive([tmp_path], tmp_path / "x.json")
     with pytest.raises(FileNotFoundError):
         archive.find_records([tmp_path / "nope"])
+
+
+def test_the_repository_archives_match_reference_rows():
+    """Every archived run of results/ (the records behind docs/ numbers) is finished and matches a published
+    row; the Table 7.1 CPU cells hold their 20 seeds."""
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[2] / "results"
+    records = archive.find_records([results])
+    assert records and all(r.status == "done" for _, r in records)
+    collected = report.collect([results])
+    assert collected["unmatched"] == [] and collected["runs"] == len(records)
+    t71 = [ln for ln in collected["tables"][("petersen_thesis_2022", "7.1")] if ln["runs"] and ln["device"] == "cpu"]
+    assert t71 and all(ln["runs"] == 20 for ln in t71 if ln["budget"] == "550×100")
