@@ -5,7 +5,8 @@ The report over run folders is this module's command line (:func:`main`; :func:`
 
     python -m diffrank.experiments.report RUN_DIR... [--out outputs/report] [--metric-prefix test/] [--quiet]
 
-(also ``diffrank-report`` and ``scripts/compare_to_paper.py``): ``report.md`` and ``report.png`` in ``--out``,
+(also ``diffrank-report`` and ``scripts/compare_to_paper.py``; ``RUN_DIR`` may also be, or hold, run archives:
+:mod:`diffrank.experiments.archive`): ``report.md`` and ``report.png`` in ``--out``,
 the tables on the console, and, for runs of the offline P_K benchmark (``benchmark:`` key instead of ``paper:``,
 :mod:`diffrank.experiments.report_pk`), their P_K x method grid beside the paper's CIFAR-100 one in
 ``pk_<dataset>.md``. Training runs with a W&B logger log their own row of the comparison (:func:`collect_runs` on
