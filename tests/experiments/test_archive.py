@@ -18,8 +18,9 @@ def _run(root, name, em, status="done", finished="2026-11-26T10:00:00+0000"):
     d = root / name
     d.mkdir(parents=True)
     (d / "results.json").write_text(json.dumps({
-        "schema": 2, "status": status, "paper": CAUCHY5, "metrics": {"test/em": em} if status == "done" else {}, "optimizer_steps": 1000,
-        "global_batch": 20, "run_dir": str(d), "finished_at": finished, "seed": int(name[-1])}))
+        "schema": 2, "status": status, "paper": CAUCHY5, "metrics": {"test/em": em} if status == "done" else {},
+        "optimizer_steps": 1000, "global_batch": 20, "run_dir": str(d), "finished_at": finished,
+        "seed": int(name[-1])}))
     return d
 
 
