@@ -4,8 +4,8 @@ folders do not outlive its machine).
 
 An archive is a gzip-compressed JSON-lines file (``results/<name>.jsonl.gz``): one whole record per line
 (:meth:`~diffrank.experiments.record.RunRecord.to_dict`, config, versions and device included), sorted by run
-folder and written with a zero gzip timestamp, so archiving the same runs twice gives the same bytes. The Table 7.1
-CPU runs (480 records) take ≈ 60 kB.
+folder and written with a zero gzip timestamp, so archiving the same runs twice gives the same bytes. Table 7.1's
+epoch-1 CPU runs (640 records) take 80 kB.
 
     python -m diffrank.experiments.archive outputs/t7_1_cpu --out results/thesis_t7_1_cpu.jsonl.gz
     python -m diffrank.experiments.report results outputs      # archives and run folders together
