@@ -32,7 +32,7 @@ torchsort: $(STAMP)  ## optional: build torchsort 0.1.10 from source (~4 min), t
 # The official LapSum CPU extension (MIT; kept in ../shared/peers/lapsum_official, never vendored): a benchmark and
 # parity reference. JIT-compiled into ~/.cache/diffrank/lapsum_official; without it its bench rows and tests skip.
 lapsum-reference: $(STAMP)  ## optional: JIT-build the official LapSum C++ extension (~1.5 min; skips without the source)
-	$(BIN)/python -m diffrank.experiments.benchmark.lapsum_reference --build
+	$(BIN)/python -m diffrank.benchmark.lapsum_reference --build
 
 train: $(STAMP)  ## run the default experiment: operator=sinkhorn pk=half_top5 on digits100 (real data)
 	$(BIN)/python train.py $(ARGS)
@@ -47,7 +47,7 @@ test-all: $(STAMP)  ## every test that runs on this machine
 	$(BIN)/python -m pytest -m "not gpu" $(ARGS)
 
 bench: $(STAMP)  ## benchmark tables: ours vs the peer libraries (time, peak memory)
-	$(BIN)/python -m diffrank.experiments.benchmark $(ARGS)
+	$(BIN)/python -m diffrank.benchmark $(ARGS)
 
 report: $(STAMP)  ## compare the archived runs (results/) and every results.json under outputs/ with the papers' tables
 	$(BIN)/python -m diffrank.experiments.report results $(wildcard outputs) $(ARGS)

@@ -50,13 +50,13 @@ stage_tests() {
 stage_bench() {
   echo "== stage 2a: headline cell n = 1000, k = 5, B = 1024 (every operator x backend and its peer)"
   # rows are appended to the CSV as they are measured: a timeout keeps what was done
-  timeout "${HEADLINE_SECONDS:-240}" python3 -m diffrank.experiments.benchmark --suite grid --device cuda --n 1000 \
+  timeout "${HEADLINE_SECONDS:-240}" python3 -m diffrank.benchmark --suite grid --device cuda --n 1000 \
     --ks 5 --batches 1024 --max-seconds "$BENCH_SECONDS" --csv "$STATE/bench_headline.csv" 2>&1 \
     | tee "$STATE/bench_headline.log" | tail -n 60
   cp "$STATE/bench_headline.csv" "$OUT/bench_headline.csv" 2>/dev/null
   echo "== stage 2b: full grid + Table 3.9 in the background -> $STATE/bench_grid.{csv,png,log}"
   if alive "$STATE/bench.pid"; then echo "grid already running (pid $(cat "$STATE/bench.pid"))"; return; fi
-  setsid nohup python3 -m diffrank.experiments.benchmark --suite grid --device cuda --table39 \
+  setsid nohup python3 -m diffrank.benchmark --suite grid --device cuda --table39 \
     --max-seconds "$BENCH_SECONDS" --csv "$STATE/bench_grid.csv" --png "$STATE/bench_grid.png" \
     > "$STATE/bench_grid.log" 2>&1 < /dev/null &
   echo $! > "$STATE/bench.pid"

@@ -1,4 +1,4 @@
-"""The benchmark's grid suite (diffrank.experiments.benchmark.grid): CSV, PNG, roofline, Table 3.9, bandwidth.
+"""The benchmark's grid suite (diffrank.benchmark.grid): CSV, PNG, roofline, Table 3.9, bandwidth.
 
 A CPU smoke run on tiny sizes; nothing here asserts a time.
 """
@@ -10,8 +10,8 @@ import math
 
 import pytest
 
-from diffrank.experiments import benchmark
-from diffrank.experiments.benchmark import grid
+from diffrank import benchmark
+from diffrank.benchmark import grid
 
 
 def _rows(path):

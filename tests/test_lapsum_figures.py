@@ -1,4 +1,4 @@
-"""``--suite lapsum_figures`` (diffrank.experiments.benchmark.lapsum_figures) and the official LapSum reference.
+"""``--suite lapsum_figures`` (diffrank.benchmark.lapsum_figures) and the official LapSum reference.
 
 The stopping rule and the CD ranking on synthetic rows; our LapSum against the official C++ extension (skipped
 unless ``make lapsum-reference`` built it); a quick smoke run of the whole suite (slow). No time is asserted.
@@ -12,9 +12,9 @@ import math
 import pytest
 import torch
 
-from diffrank.experiments.benchmark import lapsum_figures as lf
-from diffrank.experiments.benchmark.harness import Measurement
-from diffrank.experiments.benchmark.lapsum_reference import official_topk
+from diffrank.benchmark import lapsum_figures as lf
+from diffrank.benchmark.harness import Measurement
+from diffrank.benchmark.lapsum_reference import official_topk
 from diffrank.operators import load
 
 
@@ -58,7 +58,7 @@ def test_official_lapsum_equals_ours_float64():
 
 @pytest.mark.slow  # about 1.5 minutes on 2 cores
 def test_quick_run_writes_csv_figures_and_cd(tmp_path):
-    from diffrank.experiments import benchmark
+    from diffrank import benchmark
 
     benchmark.main(["--suite", "lapsum_figures", "--quick", "--figures-dir", str(tmp_path), "--max-seconds", "2"])
     for name in ("lapsum_time.png", "lapsum_memory.png", "lapsum_cd_time.png", "lapsum_cd_memory.png",

@@ -1,4 +1,4 @@
-"""Ahead-of-time compilation of the kernel launches for sm_80 and sm_90 without a GPU (``kernels/aot.py``).
+"""Ahead-of-time compilation of the kernel launches for sm_80 and sm_90 without a GPU (``devtools/kernels/aot.py``).
 
 The compiler runs in a subprocess without ``TRITON_INTERPRET`` (this suite's conftest sets it, and under it
 ``@triton.jit`` builds interpreted functions). Triton caches what it compiled (``~/.triton/cache``) and the
@@ -15,17 +15,17 @@ import textwrap
 
 import pytest
 
-from diffrank.kernels.aot import ARCHS, NOTES, SHARED_LIMIT, blocks_per_sm, representative
-from diffrank.kernels.launches import auto_launches
+from devtools.kernels.aot import ARCHS, NOTES, SHARED_LIMIT, blocks_per_sm, representative
+from devtools.kernels.launches import auto_launches
 
 
 def _aot(*args: str, tmp_path, pythonpath: str | None = None, timeout: int = 900) -> tuple[int, str, list[dict]]:
-    """Run ``python -m diffrank.kernels.aot`` without the interpreter; (exit status, stderr, budgets)."""
+    """Run ``python -m devtools.kernels.aot`` without the interpreter; (exit status, stderr, budgets)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([pythonpath, env.get("PYTHONPATH", "")])
     out = tmp_path / "budgets.json"
-    res = subprocess.run([sys.executable, "-m", "diffrank.kernels.aot", *args, "--json", str(out)], env=env,
+    res = subprocess.run([sys.executable, "-m", "devtools.kernels.aot", *args, "--json", str(out)], env=env,
                          capture_output=True, text=True, timeout=timeout)
     return res.returncode, res.stderr, json.loads(out.read_text()) if out.exists() else []
 
@@ -72,7 +72,7 @@ import torch
 import triton
 import triton.language as tl
 
-from diffrank.kernels.launches import _launch
+from devtools.kernels.launches import _launch
 
 
 @triton.jit
@@ -129,6 +129,6 @@ def test_occupancy_rules():
 
 def test_the_command_refuses_the_interpreter(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1")
-    res = subprocess.run([sys.executable, "-m", "diffrank.kernels.aot", "--subset"], env=env, capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "devtools.kernels.aot", "--subset"], env=env, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 2 and "TRITON_INTERPRET" in res.stderr

@@ -1,4 +1,4 @@
-"""The listing of every kernel launch (``kernels/launches.py``) against the kernels and the operators' launches."""
+"""The listing of every kernel launch (``devtools/kernels/launches.py``) against the kernels and the operators' launches."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from diffrank.kernels.launches import SCORE_DTYPES, auto_launches
+from devtools.kernels.launches import SCORE_DTYPES, auto_launches
 from diffrank.operators import load
 from diffrank.operators.sorting_network import ComparatorNetwork
 
-KERNELS = Path(__file__).resolve().parents[2] / "kernels"
+KERNELS = Path(__file__).resolve().parents[2] / "src" / "diffrank" / "kernels"
 OPERATORS = ["neuralsort", "softsort", "lapsum", "soft_topk", "sinkhorn", "diffsort_odd_even", "diffsort_bitonic",
              "difftopk_bitonic", "difftopk_splitter"]
 
@@ -24,7 +24,7 @@ def listed():
 
 
 def test_every_launched_kernel_is_listed(listed):
-    """Every ``kernel[grid](...)`` in ``kernels/*.py`` is in the listing: a new kernel fails this until listed."""
+    """Every ``kernel[grid](...)`` in ``src/diffrank/kernels/*.py`` is in the listing: a new kernel fails this until listed."""
     launched = set()
     for path in KERNELS.glob("*.py"):
         launched |= set(re.findall(r"\b(_\w+)\[\(", path.read_text()))
@@ -49,7 +49,7 @@ def test_integer_specialisation_follows_triton(value):
     from triton.compiler import make_backend
 
     from diffrank.kernels import softsort
-    from diffrank.kernels.launches import _launch
+    from devtools.kernels.launches import _launch
 
     f32 = torch.float32
     launch = _launch(softsort._softsort_fwd, dict(s_ptr=f32, t_ptr=f32, p_ptr=f32, beta_ptr=f32, n=value, k=3),
@@ -67,7 +67,7 @@ def _record(monkeypatch) -> list[tuple[str, str]]:
     """Record (kernel, configuration) of every interpreted launch, as :meth:`Launch.config` spells it."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    from diffrank.kernels.launches import _launch
+    from devtools.kernels.launches import _launch
 
     seen: list[tuple[str, str]] = []
     run = InterpretedFunction.run

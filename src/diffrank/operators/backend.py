@@ -1,6 +1,6 @@
 """Which implementation an operator runs: ``operator.backend: auto | torch | triton``.
 
-``auto`` runs the Triton kernels (``kernels/``, installed as ``diffrank.kernels``) on CUDA inputs and the
+``auto`` runs the Triton kernels (``src/diffrank/kernels/``, installed as ``diffrank.kernels``) on CUDA inputs and the
 PyTorch path elsewhere, and falls back to the PyTorch path for a configuration whose kernels fail to compile
 or launch (:func:`guarded_call`, warning once); ``triton`` forces the kernels (on the CPU only under
 ``TRITON_INTERPRET=1``, which the tests use) and raises on a failure; ``torch`` never uses them. Operators

@@ -30,7 +30,7 @@ included). The iterations are plain tensor operations, so autograd differentiate
 (Cuturi et al. 2019, §3) unless the caller runs them under its own backward (SOFT top-k).
 
 **Fused kernel.** With ``kernel=True`` (SinkhornSort with ``backend`` ``"triton"``, or ``"auto"`` on CUDA)
-the iterations run in the Triton kernel of ``kernels/sinkhorn.py``: one program per batch row keeps its cost
+the iterations run in the Triton kernel of ``src/diffrank/kernels/sinkhorn.py``: one program per batch row keeps its cost
 tile and potentials on chip for every iteration between two checks (n, m <= 64 in float32, 32 in float64, the
 tiles that compile without register spills: :func:`diffrank.kernels.sinkhorn.fused_size`; larger problems run
 the PyTorch loop). It runs the same iterations with the same ε and the same checks. Its backward is the reverse
@@ -126,7 +126,7 @@ def log_sinkhorn(cost: Tensor, log_mu: Tensor, log_nu: Tensor, epsilon: float, s
         schedule: iteration settings.
         cost_scale: the cost scale c of the ε schedule (an upper bound of the entries of ``cost``), or
             ``None`` for each row's largest entry (one host read).
-        kernel: run the iterations in the fused Triton kernel (``kernels/sinkhorn.py``; CUDA, or the CPU
+        kernel: run the iterations in the fused Triton kernel (``src/diffrank/kernels/sinkhorn.py``; CUDA, or the CPU
             under ``TRITON_INTERPRET=1``) when ``n, m <= 64`` (float32; 32 for float64:
             :func:`diffrank.kernels.sinkhorn.fused_size`), else (and by default) as PyTorch operations.
             Same result and gradient (see the module docstring).

@@ -7,7 +7,7 @@ A_s 1 the row sums Σ_l |s_j - s_l| (Grover et al. 2019, Eq. 5; Petersen et al. 
 Why it is fast: the row sums come from one sort and prefix sums (O(n log n)) instead of the n x n
 matrix A_s (difftopk forms A_s and multiplies it by a ones matrix, O(n³)); only the requested r rows
 are ever formed, so time and memory are O(B · r · n). With ``backend`` ``"triton"`` (or ``"auto"`` on CUDA)
-the rows come from fused kernels (``kernels/neuralsort.py``: a streaming softmax per rank row, the logits
+the rows come from fused kernels (``src/diffrank/kernels/neuralsort.py``: a streaming softmax per rank row, the logits
 never stored) and the row sums still from the sort here, so no n x n tensor exists forward or backward.
 """
 

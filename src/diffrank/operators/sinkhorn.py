@@ -15,7 +15,7 @@ code it names):
 Gradients flow by automatic differentiation through the iterations (Cuturi et al. 2019, §3; Petersen et
 al. 2022 use it this way). With ``backend`` ``"triton"`` (or ``"auto"`` on CUDA) and n <= 64 (float32; 32 in
 float64: :func:`diffrank.kernels.sinkhorn.fused_size`, set by the compiled register budgets) the iterations
-run in the fused kernel of ``kernels/sinkhorn.py`` (one program per sample, cost and potentials on chip),
+run in the fused kernel of ``src/diffrank/kernels/sinkhorn.py`` (one program per sample, cost and potentials on chip),
 and so does the backward, a reverse sweep through the same iterations (:mod:`diffrank.operators.log_sinkhorn`);
 beyond it the PyTorch loop runs. The top-k rows are the first k rows of the full plan: entropic OT couples all
 targets, so no cheaper exact form exists (the OTT k+1-target variant is a different relaxation).

@@ -4,7 +4,7 @@ P[r, j] = softmax_j(-|s̃_r - s_j| / τ) with s̃ the scores sorted in descendin
 (Prillo & Eisenschlos 2020, Eq. 3 with d = |·|; Petersen et al. 2022 §2.3). τ = 1/β.
 Only the k rows asked for are formed: the top-k values come from ``torch.topk`` (O(n log k)),
 so time and memory are O(B · k · n) rather than difftopk's O(B · n²). With ``backend`` ``"triton"`` (or
-``"auto"`` on CUDA) and power 1 the rows come from fused kernels (``kernels/softsort.py``) that never store
+``"auto"`` on CUDA) and power 1 the rows come from fused kernels (``src/diffrank/kernels/softsort.py``) that never store
 the logits.
 """
 
@@ -23,7 +23,7 @@ class SoftSort(RankingOperator):
     Args:
         beta: inverse temperature β = 1/τ; > 0.
         power: exponent of the distance |s̃_r - s_j| (Prillo & Eisenschlos use 1; difftopk's ``pow``).
-        backend: ``"auto"`` (the fused Triton kernels of ``kernels/softsort.py`` on CUDA inputs when
+        backend: ``"auto"`` (the fused Triton kernels of ``src/diffrank/kernels/softsort.py`` on CUDA inputs when
             ``power == 1``, PyTorch otherwise), ``"torch"`` or ``"triton"`` (always the kernels; see
             :mod:`diffrank.operators.backend`). Both compute the same rows.
 

@@ -45,7 +45,7 @@ n = 1000, B = 64). The splitter selection network for n = 1000, k = 5 has 22 lay
 where the bitonic sorter has 55 / 27 268.
 
 ``backend`` (:mod:`diffrank.operators.backend`): with ``"auto"`` on CUDA or ``"triton"``,
-float32 computations with n <= 4096 run the fused Triton kernels of ``kernels/networks.py`` (one launch for
+float32 computations with n <= 4096 run the fused Triton kernels of ``src/diffrank/kernels/networks.py`` (one launch for
 the values and the weights of all layers, one for the rows, full P as the rows of I); float64 and larger n
 run the PyTorch path below.
 """

@@ -1,90 +1,9 @@
-"""Benchmark every operator against its reference implementation; prints one table per suite.
+"""Deprecated alias of :mod:`diffrank.benchmark` (the benchmarks moved beside the library; removed in 0.3)."""
 
-    python -m diffrank.experiments.benchmark                  # every suite, default sizes (make bench)
-    python -m diffrank.experiments.benchmark --suite basic --quick
-    python -m diffrank.experiments.benchmark --device cuda    # on a GPU
-    python -m diffrank.experiments.benchmark --suite grid --device cuda --table39 --csv out.csv --png out.png
-    python -m diffrank.experiments.benchmark --suite grid --quick  # CPU smoke run of the grid
+import warnings
 
-(also ``diffrank-bench`` and ``scripts/benchmark_operators.py`` with the same options.)
+from diffrank.benchmark import *  # noqa: F403
+from diffrank.benchmark import main  # noqa: F401
 
-The ``grid`` suite (:mod:`diffrank.experiments.benchmark.grid`; docs/gpu.md) runs every operator of
-``configs/operator/`` x backend against its peer library over n x k x B (``--n``, ``--ks``, ``--batches``; default
-grid in ``grid.GRID``), with a roofline column and, with ``--table39``, the thesis' Table 3.9 sizes; it is run
-only when asked for (``--suite grid``), the other suites are the default. So is ``lapsum_figures``
-(:mod:`diffrank.experiments.benchmark.lapsum_figures`): the LapSum paper's runtime / memory / approximation
-figures, CSVs and critical-difference diagrams into ``--figures-dir`` (docs/lapsum_figures.md).
-
-Suites are the modules ``diffrank.experiments.benchmark.<suite>`` (one per family of operators; the shared
-timing and memory measurement is :mod:`diffrank.experiments.benchmark.harness`) and expose
-``run(args) -> list[tuple[title, rows]]``.
-"""
-
-from __future__ import annotations
-
-import argparse
-import importlib
-import os
-import sys
-
-SUITES = ["basic", "networks", "others", "grid", "lapsum_figures"]
-DEFAULT_SUITES = ["basic", "networks", "others"]
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Parse the command line and print the tables of the chosen suites."""
-    p = argparse.ArgumentParser(prog="python -m diffrank.experiments.benchmark", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--suite", action="append", choices=SUITES, help="suite(s) to run (default: all)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--k", type=int, default=5)
-    p.add_argument("--quick", action="store_true", help="small sizes only (smoke run)")
-    p.add_argument("--max-seconds", type=float, default=60.0, help="time budget per cell")
-    g = p.add_argument_group("grid suite")
-    g.add_argument("--n", type=int, nargs="+", help="set sizes (default: grid.GRID['n'])")
-    g.add_argument("--ks", type=int, nargs="+", help="top-k sizes (default: grid.GRID['k'])")
-    g.add_argument("--batches", type=int, nargs="+", help="batch sizes B (default: grid.GRID['B'])")
-    g.add_argument("--operators", nargs="+", help="operator configs (default: every configs/operator/*.yaml)")
-    g.add_argument("--backends", nargs="+", default=["torch", "triton"], help="for operators with a backend")
-    g.add_argument("--no-peers", action="store_true", help="skip difftopk / diffsort / torchsort")
-    g.add_argument("--table39", action="store_true", help="also the thesis Table 3.9 sizes")
-    g.add_argument("--table39-only", action="store_true", help="only the thesis Table 3.9 sizes")
-    g.add_argument("--table39-batches", type=int, nargs="+", help="B for --table39 (default 1 128)")
-    g.add_argument("--csv", help="write the grid's raw records to this CSV")
-    g.add_argument("--png", help="write a log-log plot of time vs n to this PNG")
-    g = p.add_argument_group("lapsum_figures suite (the LapSum paper's Figs. 5, 7, 10, 11, 14; --n applies too)")
-    g.add_argument("--figures-dir", default="docs/figures", help="where its CSVs and PNGs go")
-    g.add_argument("--cap-seconds", type=float, default=10.0, help="a method stops above this predicted s/call")
-    g.add_argument("--cap-gb", type=float, default=3.0, help="a method stops above this predicted peak memory")
-    args = p.parse_args(argv)
-    if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None and argv is None:
-        # glibc then maps every block >= 64 KiB separately and unmaps it on free, so the resident set
-        # follows live tensors and the CPU peak-memory column means something (see harness.py); the process
-        # restarts with the command line it was given (python -m ..., a script, or the diffrank-bench entry point)
-        os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
-        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
-    import torch
-
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
-    from diffrank.experiments.benchmark.harness import print_table
-
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
-    for suite in args.suite or DEFAULT_SUITES:
-        try:
-            mod = importlib.import_module(f"diffrank.experiments.benchmark.{suite}")
-        except ModuleNotFoundError as e:
-            print(f"[suite {suite} not available: {e}]")
-            continue
-        for title, rows in mod.run(args):
-            setting = f"device={_device_name(args.device)}, threads={torch.get_num_threads()}"
-            if suite not in ("grid", "lapsum_figures"):
-                setting = f"B={args.batch}, k={args.k}, " + setting
-            print_table(f"{title} ({setting})", rows)
-
-
-def _device_name(device: str) -> str:
-    import torch
-
-    return f"{device} ({torch.cuda.get_device_name()})" if device.startswith("cuda") else device
+warnings.warn("diffrank.experiments.benchmark moved to diffrank.benchmark; the old path goes in 0.3",
+              FutureWarning, stacklevel=2)

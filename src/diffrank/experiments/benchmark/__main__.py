@@ -1,6 +1,6 @@
-"""``python -m diffrank.experiments.benchmark``: :func:`diffrank.experiments.benchmark.main`."""
+"""``python -m diffrank.experiments.benchmark``: deprecated, runs ``python -m diffrank.benchmark``."""
 
-from diffrank.experiments.benchmark import main
+from diffrank.benchmark import main
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

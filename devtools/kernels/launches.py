@@ -3,7 +3,7 @@
 :func:`auto_launches` walks the dispatch rules of each kernel module (the block-size, tile and warp helpers that
 the launch sites themselves call) over every size the operators send to the kernels, and returns one
 :class:`Launch` per distinct compiled program: kernel, Triton signature, constexprs, attributes and warps. The
-ahead-of-time checks (:mod:`diffrank.kernels.aot`) compile each for real GPU targets, so a new block-size rule
+ahead-of-time checks (:mod:`devtools.kernels.aot`) compile each for real GPU targets, so a new block-size rule
 or a new constexpr value is covered as soon as the launch site uses it. A new kernel module is added here.
 
 What reaches the kernels (the operators compute float16 / bfloat16 in float32,

@@ -1,6 +1,6 @@
 """The LapSum paper's runtime / memory / approximation figures (Struski et al. 2025, Figs. 5, 7, 10, 11, 14).
 
-``python -m diffrank.experiments.benchmark --suite lapsum_figures`` (``make bench ARGS="--suite lapsum_figures"``)
+``python -m diffrank.benchmark --suite lapsum_figures`` (``make bench ARGS="--suite lapsum_figures"``)
 writes, into ``--figures-dir`` (default ``docs/figures``):
 
 - ``lapsum_figures.csv``: one row per method x n x k x mode (forward, forward+backward): median time, peak extra
@@ -49,8 +49,8 @@ from pathlib import Path
 
 import torch
 
-from diffrank.experiments.benchmark.grid import cell
-from diffrank.experiments.benchmark.harness import Measurement, fmt_bytes, fmt_time, fwd_bwd
+from diffrank.benchmark.grid import cell
+from diffrank.benchmark.harness import Measurement, fmt_bytes, fmt_time, fwd_bwd
 
 NS = [100, 1000, 10000, 100000, 1000000]
 QUICK_NS = [50, 200]
@@ -95,7 +95,7 @@ def topk_methods(device: str) -> list[tuple[str, object, torch.dtype, float, str
             out.append(("sparse_soft_topk p=2 (Dykstra 500 it.)",
                         _membership(load(name, p=2, solver="dykstra", max_iter=500)), torch.float64, 1.2, ""))
     out.extend(_peers(device))
-    from diffrank.experiments.benchmark.lapsum_reference import official_topk
+    from diffrank.benchmark.lapsum_reference import official_topk
 
     f = official_topk() if device == "cpu" else None
     why = "" if f is not None else ("not built (make lapsum-reference)" if device == "cpu" else "CPU extension only")
@@ -265,7 +265,7 @@ def _matched(label: str, beta: float, device: str):
 
     base = label.split(" ")[0]
     if label == OFFICIAL:
-        from diffrank.experiments.benchmark.lapsum_reference import official_topk
+        from diffrank.benchmark.lapsum_reference import official_topk
 
         f = official_topk()
         return (lambda s, k: f(s, k, beta)) if f else None
@@ -327,7 +327,7 @@ def run_permutation(args, sink) -> list[dict]:
 def run_official(args, sink) -> list[dict]:
     """Our LapSum vs the official C++ extension: equality (float64) and time ratio at n = 1e3, 1e4, 1e5 (B = 1
     fwd+bwd, the two alternating: :func:`_alternating`)."""
-    from diffrank.experiments.benchmark.lapsum_reference import official_topk
+    from diffrank.benchmark.lapsum_reference import official_topk
     from diffrank.operators import load
 
     f = official_topk() if args.device == "cpu" else None
@@ -557,7 +557,7 @@ def main(argv: list[str] | None = None) -> None:
     """``--replot DIR``: redraw the figures of DIR/lapsum_figures.csv (no measurement)."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m diffrank.experiments.benchmark.lapsum_figures")
+    p = argparse.ArgumentParser(prog="python -m diffrank.benchmark.lapsum_figures")
     p.add_argument("--replot", required=True, help="folder with lapsum_figures.csv; the PNGs are written there")
     out = Path(p.parse_args(argv).replot)
     write_figures(out, *load_rows(out / "lapsum_figures.csv"))

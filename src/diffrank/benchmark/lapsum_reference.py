@@ -1,7 +1,7 @@
 """The official LapSum CPU extension (Struski et al. 2025, MIT), JIT-compiled from the shared peer folder.
 
 The project never vendors the official code: ``make lapsum-reference`` (``python -m
-diffrank.experiments.benchmark.lapsum_reference --build``) compiles ``lapsum/topk/cpu/soft_topk.cpp`` of the
+diffrank.benchmark.lapsum_reference --build``) compiles ``lapsum/topk/cpu/soft_topk.cpp`` of the
 checkout named by ``DIFFRANK_LAPSUM_OFFICIAL`` (default ``<repo>/../shared/peers/lapsum_official``) with
 ``torch.utils.cpp_extension.load`` into ``~/.cache/diffrank/lapsum_official`` (``DIFFRANK_LAPSUM_BUILD``);
 the benchmark then loads the built module without compiling (:func:`official_topk` with ``build=False``)
@@ -101,7 +101,7 @@ def official_topk(build: bool = False):
 
 def main(argv: list[str] | None = None) -> None:
     """``--build``: compile the extension (``make lapsum-reference``); without: report whether it is built."""
-    p = argparse.ArgumentParser(prog="python -m diffrank.experiments.benchmark.lapsum_reference")
+    p = argparse.ArgumentParser(prog="python -m diffrank.benchmark.lapsum_reference")
     p.add_argument("--build", action="store_true")
     args = p.parse_args(argv)
     if args.build and not (source_dir() / "lapsum").exists():

@@ -43,7 +43,7 @@ def fused_size(dtype: torch.dtype) -> int:
     """The largest n (items and targets) that :func:`diffrank.operators.log_sinkhorn.log_sinkhorn` sends to the
     kernels; larger problems run the PyTorch path.
 
-    The compiled budgets (``python -m diffrank.kernels.aot``, docs/gpu.md) set it: the tiles that stay in
+    The compiled budgets (``python -m devtools.kernels.aot``, docs/gpu.md) set it: the tiles that stay in
     registers without spilling on sm_80 and sm_90 are 64 x 64 in float32 (8 warps; 128 x 128 spills 0.1-1.7 KB
     per thread at 8, 16 or 32 warps) and 32 x 32 in float64 (64 x 64 spills 0.5-3 KB in the backward).
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from diffrank.experiments.benchmark.harness import Measurement, fmt_bytes, fmt_time, fwd_bwd, measure
+from diffrank.benchmark.harness import Measurement, fmt_bytes, fmt_time, fwd_bwd, measure
 
 # The grid: overridable with --n / --ks / --batches; --quick takes QUICK (a CPU smoke run).
 GRID = {"n": [16, 100, 1000, 10000, 100000], "k": [1, 5], "B": [128, 1024]}

@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from diffrank.experiments.benchmark.harness import Measurement, compare_row, fwd_bwd, measure
+from diffrank.benchmark.harness import Measurement, compare_row, fwd_bwd, measure
 from diffrank.operators import load
 
 TOPK_KW = {"beta": 1.0, "sigmoid": "logistic_phi", "art_lambda": 0.5}

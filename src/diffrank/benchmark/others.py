@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from diffrank.experiments.benchmark.harness import Measurement, compare_row, fwd_bwd, measure
+from diffrank.benchmark.harness import Measurement, compare_row, fwd_bwd, measure
 from diffrank.operators import load
 
 

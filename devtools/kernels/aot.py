@@ -1,7 +1,7 @@
 """Compile every Triton kernel launch for real GPU targets without a GPU, and report its resource budget.
 
-``python -m diffrank.kernels.aot`` compiles each :class:`~diffrank.kernels.launches.Launch` of
-:func:`~diffrank.kernels.launches.auto_launches` with ``triton.compile(ASTSource(...), target=GPUTarget("cuda",
+``python -m devtools.kernels.aot`` compiles each :class:`~devtools.kernels.launches.Launch` of
+:func:`~devtools.kernels.launches.auto_launches` with ``triton.compile(ASTSource(...), target=GPUTarget("cuda",
 arch, 32))`` for sm_80 (A100) and sm_90 (H100), reads the shared memory from the compiled metadata and the
 registers and spills from the ptxas that ships in the triton wheel (``ptxas -v`` on the PTX, with the flags
 Triton itself passes), and prints a markdown table; exit status 1 when a launch fails its check:
@@ -56,7 +56,7 @@ class Budget:
 
     Attributes:
         kernel: the kernel's function name; config: its constexprs, dtypes and warps
-            (:meth:`~diffrank.kernels.launches.Launch.config`); example: the sizes it stands for; role: forward
+            (:meth:`~devtools.kernels.launches.Launch.config`); example: the sizes it stands for; role: forward
             or backward; arch: compute capability (80, 90).
         registers: registers per thread (ptxas); shared: shared memory per program, bytes (Triton's metadata);
         spill_stores, spill_loads: bytes per thread (ptxas); stack: stack frame bytes per thread (ptxas).
@@ -180,7 +180,7 @@ def compile_launch(launch, arch: int) -> Budget:
     """Compile one launch for ``GPUTarget("cuda", arch, 32)`` and check it against the target's limits.
 
     Args:
-        launch: a :class:`~diffrank.kernels.launches.Launch` (its kernel a ``@triton.jit`` function, not an
+        launch: a :class:`~devtools.kernels.launches.Launch` (its kernel a ``@triton.jit`` function, not an
             interpreted one).
         arch: compute capability, 80 or 90.
 
@@ -229,7 +229,7 @@ def representative(launches: Sequence) -> list:
     smallest block with integer arguments specialised to 1.
 
     Args:
-        launches: :class:`~diffrank.kernels.launches.Launch` es.
+        launches: :class:`~devtools.kernels.launches.Launch` es.
 
     Returns:
         A sub-list, in the input order.
@@ -263,7 +263,7 @@ def check(launches: Sequence, archs: Sequence[int] = tuple(ARCHS), jobs: int = 1
     """Compile every launch for every arch (``jobs`` processes) and return the budgets, launch-major.
 
     Args:
-        launches: :class:`~diffrank.kernels.launches.Launch` es whose kernels are compiled ``@triton.jit``
+        launches: :class:`~devtools.kernels.launches.Launch` es whose kernels are compiled ``@triton.jit``
             functions (``TRITON_INTERPRET`` unset when they were defined).
         archs: compute capabilities.
         jobs: worker processes (forked; 1 = in this process).
@@ -386,11 +386,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         0 when every launch passes, 1 otherwise (2: run under ``TRITON_INTERPRET=1``).
     """
-    p = argparse.ArgumentParser(prog="python -m diffrank.kernels.aot", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m devtools.kernels.aot", description=__doc__.splitlines()[0])
     p.add_argument("--subset", action="store_true", help="the representative subset (the default test suite's)")
     p.add_argument("--arch", type=int, nargs="+", default=list(ARCHS), choices=list(ARCHS))
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
-    p.add_argument("--launches", default="diffrank.kernels.launches:auto_launches",
+    p.add_argument("--launches", default="devtools.kernels.launches:auto_launches",
                    help="module:function returning the launches (default: every launch of backend=auto)")
     p.add_argument("--out", help="write the markdown table here")
     p.add_argument("--json", help="write every budget as JSON here")

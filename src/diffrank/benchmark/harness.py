@@ -6,7 +6,7 @@ synchronisation), after at least ``CUDA_MIN_WARMUP`` untimed calls.
 Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` above the memory held before the call;
 on the CPU the process's peak resident set (``VmHWM``, reset through ``/proc/self/clear_refs``)
 above the resident set before the call — it counts every allocation the call makes, ours and
-the peers' alike, so ratios are fair. :func:`diffrank.experiments.benchmark.main` sets ``MALLOC_MMAP_THRESHOLD_`` so
+the peers' alike, so ratios are fair. :func:`diffrank.benchmark.main` sets ``MALLOC_MMAP_THRESHOLD_`` so
 that freed blocks go back to the system and an earlier cell's free memory cannot hide a later peak.
 """
 
