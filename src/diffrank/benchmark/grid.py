@@ -97,18 +97,14 @@ def peak_bandwidth(device: str, measure_copy: bool = True) -> tuple[float, str]:
 # -- operators, backends, peers -------------------------------------------------------------------------
 def _has_backend(name: str) -> bool:
     """Whether the operator's yaml or constructor has a ``backend`` argument."""
-    from omegaconf import OmegaConf
+    from diffrank.registry import load_yaml, locate
 
-    from diffrank.registry import config_dir
-
-    cfg = OmegaConf.load(config_dir() / "operator" / f"{name}.yaml")
+    cfg = load_yaml("operator", name)
     if "backend" in cfg:
         return True
     try:
-        from hydra.utils import get_class
-
-        return "backend" in inspect.signature(get_class(cfg["_target_"])).parameters
-    except Exception:  # noqa: BLE001 - no hydra / odd target: the yaml alone decides
+        return "backend" in inspect.signature(locate(cfg["_target_"])).parameters
+    except (ImportError, TypeError, ValueError):  # an odd target: the yaml alone decides
         return False
 
 

@@ -152,9 +152,35 @@ def check_k(k: int, n: int) -> int:
     return k
 
 
-def check_beta(beta: float) -> float:
-    """Validate an inverse temperature β > 0 (finite). Raises ``ValueError`` otherwise (also for a value that
-    is not a number, e.g. ``operator.beta=abc`` on the command line)."""
+def check_beta(beta: float | Tensor, *, learnable: bool = False, owner: str = "this operator") -> float | Tensor:
+    """Validate an inverse temperature β > 0 (finite).
+
+    Args:
+        beta: a number, or a 0-d / one-element floating tensor. A tensor that requires grad is a *learnable* β.
+        learnable: whether ``owner`` differentiates with respect to β (its class sets
+            :attr:`RankingOperator.learnable_beta`).
+        owner: who asks, for the messages (e.g. ``"LapSum"``).
+
+    Returns:
+        A Python float, or, for a learnable β where ``learnable`` is True, the tensor itself (0-d, unchanged and
+        still in the caller's graph, so that ``beta.grad`` fills).
+
+    Raises:
+        ValueError: β not a number, not finite or not positive (also ``operator.beta=abc`` on the command line);
+            a tensor β with more than one element; a β that requires grad where ``learnable`` is False (the
+            message says which operators can learn it).
+    """
+    if isinstance(beta, Tensor):
+        if beta.numel() != 1:
+            raise ValueError(f"beta (inverse temperature) must be one number, got shape {tuple(beta.shape)}")
+        if beta.requires_grad:
+            if not learnable:
+                raise ValueError(
+                    f"{owner} cannot learn beta: ∂/∂β is not defined for it. Pass a float (beta.item()), or use "
+                    "an operator whose learnable_beta is True (docs/api.md, 'Learnable temperature')")
+            check_beta(float(beta.detach()), owner=owner)  # one read, at construction
+            return beta.reshape(())
+        beta = float(beta)
     try:
         beta = float(beta)
     except (TypeError, ValueError):
@@ -162,6 +188,55 @@ def check_beta(beta: float) -> float:
     if not math.isfinite(beta) or beta <= 0:
         raise ValueError(f"beta (inverse temperature) must be a finite positive number, got {beta}")
     return beta
+
+
+class DoubleBackwardError(RuntimeError):
+    """A second derivative that an operator cannot give (it names the method and what to use instead)."""
+
+
+class _NoSecondDerivative(torch.autograd.Function):
+    """Identity on first-order gradients whose own backward raises :class:`DoubleBackwardError`."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(message: str, *grads: Tensor) -> tuple[Tensor, ...]:
+        return tuple(g.view_as(g) for g in grads)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.message = inputs[0]
+
+    @staticmethod
+    def backward(ctx, *_grads):
+        raise DoubleBackwardError(ctx.message)
+
+
+def refuse_double_backward(grads: tuple[Tensor | None, ...], method: str, alternative: str) -> tuple:
+    """Return a backward's gradients so that differentiating them again raises a clear error instead of a wrong
+    (silently dropped) second derivative. Call it at the end of a custom ``backward``; a no-op unless the
+    backward itself is being recorded (``create_graph=True``, ``torch.func`` transforms).
+
+    Args:
+        grads: what ``backward`` returns (``None`` entries pass through).
+        method: the operator / method, e.g. ``"SparseSoftTopK(solver='pav').topk_membership"``.
+        alternative: what gives a second derivative instead, e.g. ``"solver='dykstra'"``.
+
+    Returns:
+        ``grads``, unchanged in value.
+
+    Raises:
+        DoubleBackwardError: later, when the returned gradients are differentiated.
+    """
+    if not torch.is_grad_enabled():
+        return grads
+    idx = [i for i, g in enumerate(grads) if isinstance(g, Tensor)]
+    message = f"{method} has no second derivative (double backward); use {alternative}"
+    outs = _NoSecondDerivative.apply(message, *(grads[i] for i in idx))
+    res = list(grads)
+    for i, o in zip(idx, outs):
+        res[i] = o
+    return tuple(res)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -218,6 +293,11 @@ class RankingOperator(nn.Module):
         sums_to_k: True if ``topk_membership`` sums to k over the items for every β (every operator built
             on a permutahedron / transport / CDF-sum constraint); False for a per-item threshold sigmoid
             (DFTopK), whose sum only tends to k in the hard limit. Default True.
+        learnable_beta: True if β may be a tensor that requires grad (∂/∂β is given, by autograd or in closed
+            form); otherwise such a β raises at construction (:func:`check_beta`). Default False.
+        twice_differentiable: True if every capability passes ``gradgradcheck`` (exact second derivatives);
+            False if some double backward raises :class:`DoubleBackwardError` (the message names the method and
+            the alternative). Default True.
 
     Raises:
         ValueError: on a non-positive or non-finite ``beta``.
@@ -228,10 +308,12 @@ class RankingOperator(nn.Module):
     permutation_equivariant: bool = False
     hard_beta: float = 100.0
     sums_to_k: bool = True
+    learnable_beta: bool = False
+    twice_differentiable: bool = True
 
-    def __init__(self, beta: float = 1.0) -> None:
+    def __init__(self, beta: float | Tensor = 1.0) -> None:
         super().__init__()
-        self.beta = check_beta(beta)
+        self.beta = check_beta(beta, learnable=self.learnable_beta, owner=type(self).__name__)
 
     # -- the public methods (template: validate, check the capability, compute, cast back) ------------
     def forward(self, scores: Tensor, k: int | None = None, checks: Sequence[Check] = ()) -> Tensor:
