@@ -1,4 +1,4 @@
-"""The listing of every kernel launch (``devtools/kernels/launches.py``) against the kernels and the operators' launches."""
+"""The listing of every kernel launch (``devtools/kernels/launches.py``) against the kernels and the operators."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def listed():
 
 
 def test_every_launched_kernel_is_listed(listed):
-    """Every ``kernel[grid](...)`` in ``src/diffrank/kernels/*.py`` is in the listing: a new kernel fails this until listed."""
+    """Every ``kernel[grid](...)`` in ``src/diffrank/kernels/*.py`` is listed: a new kernel fails until listed."""
     launched = set()
     for path in KERNELS.glob("*.py"):
         launched |= set(re.findall(r"\b(_\w+)\[\(", path.read_text()))
@@ -48,8 +48,8 @@ def test_integer_specialisation_follows_triton(value):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
 
-    from diffrank.kernels import softsort
     from devtools.kernels.launches import _launch
+    from diffrank.kernels import softsort
 
     f32 = torch.float32
     launch = _launch(softsort._softsort_fwd, dict(s_ptr=f32, t_ptr=f32, p_ptr=f32, beta_ptr=f32, n=value, k=3),

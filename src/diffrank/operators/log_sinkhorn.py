@@ -30,7 +30,7 @@ included). The iterations are plain tensor operations, so autograd differentiate
 (Cuturi et al. 2019, §3) unless the caller runs them under its own backward (SOFT top-k).
 
 **Fused kernel.** With ``kernel=True`` (SinkhornSort with ``backend`` ``"triton"``, or ``"auto"`` on CUDA)
-the iterations run in the Triton kernel of ``src/diffrank/kernels/sinkhorn.py``: one program per batch row keeps its cost
+the iterations run in the Triton kernel of ``diffrank/kernels/sinkhorn.py``: one program per batch row keeps its cost
 tile and potentials on chip for every iteration between two checks (n, m <= 64 in float32, 32 in float64, the
 tiles that compile without register spills: :func:`diffrank.kernels.sinkhorn.fused_size`; larger problems run
 the PyTorch loop). It runs the same iterations with the same ε and the same checks. Its backward is the reverse

@@ -139,7 +139,7 @@ class Network:
         return self._cache[key]
 
     def layer_tables(self, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-        """The layers as small index tables for the fused kernels (``src/diffrank/kernels/networks.py``), cached per device.
+        """The layers as small index tables for the fused kernels (``kernels/networks.py``), cached per device.
 
         A layer object that repeats (the two odd-even layers) is stored once, so the tables take O(U·n)
         memory for U distinct layers, not O(L·n).
