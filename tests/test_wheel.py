@@ -72,7 +72,7 @@ def wheel_site(tmp_path_factory):
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, src / name)
-    for name in ("src", "kernels", "configs"):
+    for name in ("src", "devtools", "configs"):
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
                     str(tmp / "dist"), str(src)], check=True, capture_output=True, text=True, timeout=600)
@@ -97,6 +97,7 @@ def test_wheel_carries_configs_and_kernels(wheel_site):
     assert (wheel_site / "diffrank" / "configs" / "operator" / "lapsum.yaml").is_file()
     assert list((wheel_site / "diffrank" / "configs" / "experiment" / "sorting" / "thesis_t3_5").glob("*.yaml"))
     assert (wheel_site / "diffrank" / "kernels" / "lapsum.py").is_file()
+    assert not (wheel_site / "devtools").exists()  # the compile checks are developer tooling, not the package
     assert (wheel_site / "diffrank" / "reference" / "sorting_thesis_table3_5.csv").is_file()
 
 
