@@ -10,12 +10,10 @@ rows = ranks"), and the ascending results are obtained from it exactly:
 - ascending soft-sorted values = the descending ones flipped along ``dim``;
 - ascending soft rank = n + 1 − descending soft rank.
 
-``method`` names an operator config (``diffrank.operators.available()``: ``"neuralsort"``, ``"softsort"``,
-``"sinkhorn"``, ``"diffsort_odd_even"``, ``"diffsort_bitonic"``, ``"difftopk_bitonic"``,
-``"difftopk_splitter"``, ``"lapsum"``, ``"fast_soft_sort"``, ``"soft_topk"``, ``"relaxed_bubble_sort"``),
-built by :func:`diffrank.operators.load` with ``beta`` and the extra keyword ``**options`` (constructor
-arguments, e.g. ``sigmoid="cauchy"``, ``regularization="kl"``) replacing the config's values; built operators
-are cached per (name, β, options), so a training loop does not rebuild one every call. ``method`` may also
+``method`` names an operator config (``diffrank.operators.available()`` lists them; their table is in
+docs/api.md), built by :func:`diffrank.operators.load` with ``beta`` and the extra keyword ``**options``
+(constructor arguments, e.g. ``sigmoid="cauchy"``, ``regularization="kl"``) replacing the config's values; built
+operators are cached per (name, β, options), so a training loop does not rebuild one every call. ``method`` may also
 be an already-built :class:`~diffrank.operators.base.RankingOperator`, used as is (then ``beta`` and
 ``**options`` must not be given).
 

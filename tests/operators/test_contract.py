@@ -8,9 +8,12 @@ the operator's declared ``capabilities`` and the attributes that :class:`Ranking
 from __future__ import annotations
 
 import math
+import sys
+import types
 
 import pytest
 import torch
+from torch.autograd.gradcheck import GradcheckError
 
 from diffrank.operators import available, load
 from diffrank.operators.base import (
@@ -189,12 +192,87 @@ def test_converges_to_hard_permutation(name):
     assert err < 1e-3, f"{name}: max |P - P_hard| = {err:.3g} at beta = hard_beta"
 
 
-@pytest.mark.parametrize("name", _with(PERMUTATION))
-def test_gradcheck_float64(name):
-    op = load(name)
+def gradcheck_capability(op, capability: str) -> None:
+    """float64 ``gradcheck`` of one capability of ``op`` at its own β on untied scores (2, 5): for
+    ``"permutation"`` the full P and its top 2 rows (every Jacobian entry), else the method of that capability
+    (top-k membership for ks = [1, 3]) in gradcheck's fast mode: one random projection uᵀJv, which a wrong
+    Jacobian misses only with probability 0, for a tenth of the time (sinkhorn's full check takes seconds).
+
+    Raises:
+        AssertionError: the analytical gradient differs from the finite differences (the message names the
+            capability and carries gradcheck's report).
+    """
     s = torch.randn(2, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3)).requires_grad_()
-    assert torch.autograd.gradcheck(lambda x: op(x), (s,), eps=1e-6, atol=1e-5, rtol=1e-4)
-    assert torch.autograd.gradcheck(lambda x: op(x, k=2), (s,), eps=1e-6, atol=1e-5, rtol=1e-4)
+    fns = [fn for cap, fn in _calls(op) if cap == capability]
+    if capability == PERMUTATION:
+        fns.append(lambda x: op(x))
+    assert fns, f"{type(op).__name__} does not provide {capability}"
+    for fn in fns:
+        try:
+            torch.autograd.gradcheck(fn, (s,), eps=1e-6, atol=1e-5, rtol=1e-4, fast_mode=capability != PERMUTATION)
+        except GradcheckError as err:
+            raise AssertionError(f"{type(op).__name__}.{capability}: wrong gradient\n{err}") from None
+
+
+@pytest.mark.parametrize("name, capability", [pytest.param(n, c, id=f"{n}-{c}") for n in NAMES
+                                              for c in sorted(_caps(n))])
+def test_gradcheck_every_capability(name, capability):
+    """Every capability, not only P: a soft_rank-only operator with a wrong gradient fails here
+    (test_planted_wrong_soft_rank_gradient_fails)."""
+    gradcheck_capability(load(name), capability)
+
+
+class _ScaledRankGradient(torch.autograd.Function):
+    """R_i = 1 + Σ_j σ(β (s_j - s_i)) - 1/2 (a pairwise soft rank) whose backward is 3 × the true gradient."""
+
+    @staticmethod
+    def rank(s, beta):
+        return torch.sigmoid(beta * (s.unsqueeze(-2) - s.unsqueeze(-1))).sum(-1) + 0.5
+
+    @staticmethod
+    def forward(ctx, s, beta):
+        ctx.save_for_backward(s)
+        ctx.beta = beta
+        return _ScaledRankGradient.rank(s, beta)
+
+    @staticmethod
+    def backward(ctx, g):
+        with torch.enable_grad():
+            x = ctx.saved_tensors[0].detach().requires_grad_()
+            (grad,) = torch.autograd.grad(_ScaledRankGradient.rank(x, ctx.beta), x, g)
+        return 3 * grad, None
+
+
+class PlantedSoftRank(RankingOperator):
+    """A planted soft_rank-only operator: right values, gradient wrong by a factor 3."""
+
+    capabilities = frozenset({SOFT_RANK})
+    permutation_equivariant = True
+
+    def __init__(self, beta: float = 1.0) -> None:
+        super().__init__(beta)
+
+    def _soft_rank(self, x):
+        return _ScaledRankGradient.apply(x, self.beta)
+
+
+def test_planted_wrong_soft_rank_gradient_fails(tmp_path, monkeypatch):
+    """The planted operator, registered through a config in a temporary config folder, fails the gradcheck of
+    the contract (before issue 36 only P-providing operators were gradchecked: it passed every test)."""
+    module = types.ModuleType("diffrank_planted")
+    module.PlantedSoftRank = PlantedSoftRank
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    (tmp_path / "operator").mkdir()
+    (tmp_path / "operator" / "planted.yaml").write_text("_target_: diffrank_planted.PlantedSoftRank\nbeta: 1.0\n")
+    monkeypatch.setenv("DIFFRANK_CONFIG_DIR", str(tmp_path))
+    assert available() == ["planted"]
+    op = load("planted")
+    s = _untied(3, 7)
+    ranks = s.argsort(dim=1, descending=True).argsort(dim=1).to(s.dtype) + 1
+    torch.testing.assert_close(load("planted", beta=op.hard_beta).soft_rank(s), ranks, atol=1e-2, rtol=0)
+    for capability in sorted(op.capabilities):
+        with pytest.raises(AssertionError, match="PlantedSoftRank.soft_rank: wrong gradient"):
+            gradcheck_capability(op, capability)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if PERMUTATION in _caps(n) and load(n).permutation_equivariant])

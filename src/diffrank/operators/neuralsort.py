@@ -45,7 +45,8 @@ class NeuralSort(RankingOperator):
     """NeuralSort relaxed permutation, rows = ranks (rank 1 = largest), computing only the top rows.
 
     Args:
-        beta: inverse temperature β = 1/τ (Grover et al.'s τ); > 0.
+        beta: inverse temperature β = 1/τ (Grover et al.'s τ); > 0. Default 0.5, the config's value
+            (``configs/operator/neuralsort.yaml``: the difftopk README's ImageNet heads).
         backend: ``"auto"`` (Triton kernels on CUDA inputs, PyTorch elsewhere), ``"torch"`` or ``"triton"``
             (see :mod:`diffrank.operators.backend`); both compute the same rows.
 
@@ -59,7 +60,7 @@ class NeuralSort(RankingOperator):
     permutation_equivariant = True
     hard_beta = 200.0
 
-    def __init__(self, beta: float = 1.0, backend: str = "auto") -> None:
+    def __init__(self, beta: float = 0.5, backend: str = "auto") -> None:
         super().__init__(beta)
         self.backend = check_backend(backend)
 

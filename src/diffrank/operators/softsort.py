@@ -21,7 +21,8 @@ class SoftSort(RankingOperator):
     """SoftSort relaxed permutation, rows = ranks (rank 1 = largest).
 
     Args:
-        beta: inverse temperature β = 1/τ; > 0.
+        beta: inverse temperature β = 1/τ; > 0. Default 0.5, the config's value (``configs/operator/softsort.yaml``:
+            the difftopk README's ImageNet heads).
         power: exponent of the distance |s̃_r - s_j| (Prillo & Eisenschlos use 1; difftopk's ``pow``).
         backend: ``"auto"`` (the fused Triton kernels of ``src/diffrank/kernels/softsort.py`` on CUDA inputs when
             ``power == 1``, PyTorch otherwise), ``"torch"`` or ``"triton"`` (always the kernels; see
@@ -37,7 +38,7 @@ class SoftSort(RankingOperator):
     permutation_equivariant = True
     hard_beta = 100.0
 
-    def __init__(self, beta: float = 1.0, power: float = 1.0, backend: str = "auto") -> None:
+    def __init__(self, beta: float = 0.5, power: float = 1.0, backend: str = "auto") -> None:
         super().__init__(beta)
         if not power > 0:
             raise ValueError(f"power must be > 0, got {power}")

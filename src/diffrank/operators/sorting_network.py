@@ -330,7 +330,8 @@ class ComparatorNetwork(RankingOperator):
     """A relaxed comparator network as a ranking operator; rows = ranks (rank 1 = largest), columns = items.
 
     The network is built per (n, k) from the input's shape at call time (cached), with its index tensors
-    cached per device, so one operator instance serves any n and any device.
+    cached per device, so one operator instance serves any n and any device. The defaults are diffsort's library
+    values, those of ``configs/operator/diffsort_bitonic.yaml`` (the class's canonical config).
 
     Args:
         beta: inverse temperature β > 0 (diffsort's ``steepness``, difftopk's ``inverse_temperature``;

@@ -27,6 +27,8 @@ import csv
 from collections.abc import Mapping
 from functools import cache
 from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
 
 COLUMNS = ("paper", "table", "dataset", "model", "method", "operator", "sigmoid", "network", "n", "pk", "m",
            "setting", "metric", "value", "std", "n_runs", "note")
@@ -42,12 +44,29 @@ def _load(name: str) -> tuple[dict[str, str], ...]:
     path = resources.files(__name__) / f"{name}.csv"
     if not path.is_file():
         raise KeyError(f"no reference table {name!r}; known: {table_names()}")
+    return read_csv(path)
+
+
+def read_csv(path: Path | Traversable) -> tuple[dict[str, str], ...]:
+    """The rows of a reference CSV file (header = :data:`COLUMNS`, in any order; values are strings), each checked
+    for its field count.
+
+    Raises:
+        ValueError: a header other than :data:`COLUMNS`, or a row with more or fewer fields than the header; the
+            message names the file and the line (1 = the header; for a quoted field over several lines, the last).
+    """
     with path.open(newline="", encoding="utf-8") as f:
-        rows = tuple(dict(r) for r in csv.DictReader(f))
-    for r in rows:
-        if set(r) != set(COLUMNS):
-            raise ValueError(f"reference table {name!r} has columns {sorted(r)}, expected {list(COLUMNS)}")
-    return rows
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None or sorted(header) != sorted(COLUMNS):
+            raise ValueError(f"{path}, line 1: the header {header} is not the reference columns {list(COLUMNS)}")
+        rows = []
+        for fields in reader:
+            if len(fields) != len(header):
+                raise ValueError(f"{path}, line {reader.line_num}: {len(fields)} fields where the header has "
+                                 f"{len(header)} (an unquoted comma, or a missing one?): {','.join(fields)[:200]}")
+            rows.append(dict(zip(header, fields)))
+    return tuple(rows)
 
 
 def load_table(name: str) -> list[dict[str, str]]:
@@ -121,4 +140,4 @@ def match(key: Mapping[str, object], rows: list[dict[str, str]] | None = None) -
     return out
 
 
-__all__ = ["COLUMNS", "all_rows", "copy_source", "load_table", "match", "table_names"]
+__all__ = ["COLUMNS", "all_rows", "copy_source", "load_table", "match", "read_csv", "table_names"]

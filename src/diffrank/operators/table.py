@@ -1,0 +1,216 @@
+"""The operator table of the docs, generated from the registry (``configs/operator/*.yaml``).
+
+Each operator config carries, besides its constructor arguments, tagged header comments that the table reads
+(YAML comments, so Hydra and :func:`diffrank.operators.load` ignore them):
+
+- ``# paper: <authors, venue year, section / equation>``: where the method comes from;
+- ``# parameter: <the paper's own parameter and its relation to β>``, e.g. ``τ = 1/β``, ``α = −1/β (…)`` or
+  ``β (…)`` when the paper uses β itself; for the forms ``X = 1/β`` / ``X = −1/β`` the table prints the
+  value at the config's β;
+- ``# canonical: <why>``: only where several configs target one class (``diffsort_*`` / ``difftopk_*`` →
+  ``ComparatorNetwork``): the config whose values are the class's constructor defaults (exactly one of them).
+  A class targeted by one config has that config as its canonical one.
+
+The capabilities come from the built operator (``load(name).capabilities``: they may depend on the arguments,
+e.g. the splitter network gives top-k membership only), the class and the arguments that differ from its
+constructor defaults from ``_target_`` and the signature.
+
+``python -m diffrank.operators.table`` rewrites the block between ``<!-- operators:begin -->`` and
+``<!-- operators:end -->`` in README.md, docs/api.md and docs/conventions.md of the checkout (or the files
+given); ``--check`` only reports the files whose block differs (exit status 1), as the test does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import math
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from diffrank.operators.base import ALL_CAPABILITIES, PERMUTATION, SOFT_RANK, SOFT_SORT, TOPK_MEMBERSHIP
+from diffrank.registry import config_dir, list_options, load_yaml, locate
+
+BEGIN, END = "<!-- operators:begin -->", "<!-- operators:end -->"
+COMMAND = "python -m diffrank.operators.table"
+TAGS = ("paper", "parameter", "canonical")
+REQUIRED_TAGS = ("paper", "parameter")
+_TAG = re.compile(rf"^# ({'|'.join(TAGS)}): (.+?)\s*$", re.MULTILINE)
+_RELATION = re.compile(r"^(\S+) = ([-−]?)1/β")
+_ORDER = (PERMUTATION, TOPK_MEMBERSHIP, SOFT_SORT, SOFT_RANK)
+
+
+def tags(name: str) -> dict[str, str]:
+    """The tagged header comments (``# paper: …``, ``# parameter: …``, ``# canonical: …``) of an operator config.
+
+    Raises:
+        ValueError: unknown config (the message lists the known ones), or a tag given twice.
+    """
+    load_yaml("operator", name)  # the error for an unknown name
+    text = (config_dir() / "operator" / f"{name}.yaml").read_text(encoding="utf-8")
+    out: dict[str, str] = {}
+    for key, value in _TAG.findall(text):
+        if key in out:
+            raise ValueError(f"configs/operator/{name}.yaml has two '# {key}:' lines")
+        out[key] = value
+    return out
+
+
+def canonical_configs() -> dict[str, str]:
+    """``_target_`` → the name of its canonical config, for every class that an operator config targets.
+
+    Raises:
+        ValueError: a class targeted by several configs of which not exactly one has a ``# canonical:`` tag.
+    """
+    by_target: dict[str, list[str]] = {}
+    for name in list_options("operator"):
+        by_target.setdefault(load_yaml("operator", name)["_target_"], []).append(name)
+    out = {}
+    for target, names in by_target.items():
+        marked = [n for n in names if "canonical" in tags(n)] if len(names) > 1 else names
+        if len(marked) != 1:
+            raise ValueError(f"{target} is the target of configs {names}: exactly one of them needs a "
+                             f"'# canonical: …' line (the config whose values are the class defaults), got {marked}")
+        out[target] = marked[0]
+    return out
+
+
+def constructor_defaults(cls: type) -> dict[str, Any]:
+    """The keyword defaults of ``cls.__init__`` (parameters without a default are left out)."""
+    params = inspect.signature(cls.__init__).parameters
+    return {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One operator config as the table shows it."""
+
+    name: str
+    cls: str
+    arguments: dict[str, Any]  # the config's values that differ from the class defaults, β aside
+    capabilities: frozenset[str]
+    sums_to_k: bool
+    beta: float
+    parameter: str
+    paper: str
+
+
+def rows() -> list[Row]:
+    """One :class:`Row` per operator config, in the order of :func:`diffrank.operators.available`.
+
+    Raises:
+        ValueError: a config without a ``# paper:`` / ``# parameter:`` line or without a ``beta``.
+    """
+    from diffrank.operators import load
+
+    out = []
+    for name in list_options("operator"):
+        cfg, tag = load_yaml("operator", name), tags(name)
+        missing = [t for t in REQUIRED_TAGS if t not in tag] + ([] if "beta" in cfg else ["beta"])
+        if missing:
+            raise ValueError(f"configs/operator/{name}.yaml lacks {missing} (the module docstring of "
+                             "diffrank.operators.table says what each holds)")
+        cls = locate(cfg["_target_"])
+        defaults = constructor_defaults(cls)
+        args = {k: v for k, v in cfg.items() if not k.startswith("_") and k != "beta" and defaults.get(k, ...) != v}
+        op = load(name)
+        out.append(Row(name, cls.__name__, args, frozenset(op.capabilities), op.sums_to_k, float(cfg["beta"]),
+                       tag["parameter"], tag["paper"]))
+    return out
+
+
+def _value(v: Any) -> str:
+    return f'"{v}"' if isinstance(v, str) else f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _parameter(text: str, beta: float) -> str:
+    """``τ = 1/β (…)`` → ``τ = 1/β = 2 (…)`` at β = 0.5; other forms unchanged."""
+    hit = _RELATION.match(text)
+    if not hit:
+        return text
+    value = (-1.0 if hit.group(2) else 1.0) / beta
+    shown = f"{value:.3g}".replace("-", "−")
+    return f"{hit.group(0)} = {shown}{text[hit.end():]}"
+
+
+def _capabilities(row: Row) -> str:
+    text = "all four" if row.capabilities == ALL_CAPABILITIES else ", ".join(
+        f"`{c}`" for c in _ORDER if c in row.capabilities)
+    return text + (" (does not sum to k)" if TOPK_MEMBERSHIP in row.capabilities and not row.sums_to_k else "")
+
+
+def render() -> str:
+    """The generated block (without the markers): a markdown table, one row per operator config."""
+    lines = [f"<!-- generated by `{COMMAND}` from configs/operator/*.yaml: edit those and rerun it -->",
+             "| config | class (the config's other arguments) | capabilities | β | paper's parameter | paper |",
+             "|---|---|---|---|---|---|"]
+    for r in rows():
+        args = ", ".join(f"{k}={_value(v)}" for k, v in r.arguments.items())
+        cells = [f"`{r.name}`", f"`{r.cls}({args})`" if args else f"`{r.cls}`", _capabilities(r),
+                 f"{r.beta:g}" if math.isfinite(r.beta) else str(r.beta), _parameter(r.parameter, r.beta), r.paper]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def replace_block(text: str, block: str, where: str = "the text") -> str:
+    """``text`` with the part between the markers replaced by ``block`` (the markers stay, each on its line).
+
+    Raises:
+        ValueError: not exactly one ``BEGIN`` followed by one ``END``.
+    """
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        raise ValueError(f"{where} needs exactly one '{BEGIN}' … '{END}' pair (in this order)")
+    head, rest = text.split(BEGIN)
+    _, tail = rest.split(END)
+    return f"{head}{BEGIN}\n{block}\n{END}{tail}"
+
+
+def default_files() -> list[Path]:
+    """README.md, docs/api.md and docs/conventions.md of the checkout this module lives in."""
+    root = Path(__file__).resolve().parents[3]
+    return [root / "README.md", root / "docs" / "api.md", root / "docs" / "conventions.md"]
+
+
+def stale(files: Sequence[Path], block: str | None = None) -> list[Path]:
+    """The files whose operator block differs from :func:`render`'s (``block``, when given, instead).
+
+    Raises:
+        FileNotFoundError: a missing file. ValueError: a file without exactly one marker pair.
+    """
+    block = render() if block is None else block
+    out = []
+    for path in files:
+        text = Path(path).read_text(encoding="utf-8")
+        if replace_block(text, block, str(path)) != text:
+            out.append(Path(path))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: write the block into the files (default :func:`default_files`), or ``--check``.
+
+    Returns:
+        0, or 1 with ``--check`` when a file's block differs (the files are named on stderr).
+    """
+    parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="*", type=Path, help="markdown files with the marker pair")
+    parser.add_argument("--check", action="store_true", help="only report files whose block differs")
+    args = parser.parse_args(argv)
+    files, block = args.files or default_files(), render()
+    changed = stale(files, block)
+    if args.check:
+        for path in changed:
+            print(f"{path}: the operator table differs from the configs; run `{COMMAND}`", file=sys.stderr)
+        return int(bool(changed))
+    for path in changed:
+        path.write_text(replace_block(path.read_text(encoding="utf-8"), block, str(path)), encoding="utf-8")
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
