@@ -50,7 +50,7 @@ bench: $(STAMP)  ## benchmark tables: ours vs the peer libraries (time, peak mem
 	$(BIN)/python -m diffrank.benchmark $(ARGS)
 
 report: $(STAMP)  ## compare the archived runs (results/) and every results.json under outputs/ with the papers' tables
-	$(BIN)/python -m diffrank.experiments.report results $(wildcard outputs) $(ARGS)
+	$(BIN)/python -m diffrank.experiments.analysis.report results $(wildcard outputs) $(ARGS)
 
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check .

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from diffrank.experiments.sweeps import register_resolvers
+from diffrank.experiments.run.resolvers import register_resolvers
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

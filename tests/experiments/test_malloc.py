@@ -15,7 +15,7 @@ import pytest
 _CHILD = """
 import resource, sys
 import torch
-from diffrank.experiments.malloc import keep_freed_memory
+from diffrank.experiments.run.malloc import keep_freed_memory
 applied = keep_freed_memory() if sys.argv[1] == "on" else None
 for _ in range(12):  # 64 MiB blocks; glibc's heap settles after a few (alignment padding), not counted
     torch.empty(16 << 20, dtype=torch.float32).fill_(1.0)
@@ -49,7 +49,7 @@ def test_process_settings_apply_the_malloc_switch_to_cpu_runs_only(monkeypatch, 
 
     from omegaconf import OmegaConf
 
-    import diffrank.experiments.train as train_mod
+    import diffrank.experiments.run.train as train_mod
 
     calls = []
     monkeypatch.setattr(train_mod, "keep_freed_memory", lambda: calls.append(1) or True)
@@ -67,7 +67,7 @@ def test_train_itself_changes_no_process_setting(compose_train, monkeypatch):
     """train() is a library function: no warning filter, no malloc switch (only the script entry applies them)."""
     import warnings
 
-    import diffrank.experiments.train as train_mod
+    import diffrank.experiments.run.train as train_mod
 
     calls = []
     monkeypatch.setattr(train_mod, "keep_freed_memory", lambda: calls.append(1) or True)

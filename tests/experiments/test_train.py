@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import ROOT, options
-from diffrank.experiments.train import train
+from diffrank.experiments.run.train import train
 from diffrank.operators import load
 
 SMALL = ["data.n_train=256", "data.n_val=128", "data.n_test=128", "data.batch_size=64"]
@@ -149,8 +149,8 @@ def test_model_and_data_that_do_not_fit_name_the_fix(compose_train):
 
 def test_run_that_never_validates_fails_and_says_why(compose_train, tmp_path):
     """trainer.max_steps=2 ends before the first validation: a clear KeyError and a "failed" record, not "done"."""
-    from diffrank.experiments.record import RunRecord
-    from diffrank.experiments.train import run
+    from diffrank.experiments.records.record import RunRecord
+    from diffrank.experiments.run.train import run
 
     cfg = compose_train(["trainer.max_steps=2", "trainer.enable_progress_bar=false", *SMALL], fast=False)
     with pytest.raises(KeyError, match="ended before its first validation"):

@@ -117,7 +117,7 @@ def test_errors_and_config(compose_train):
         with pytest.raises(ValueError):
             SmoothTopKLoss(**bad)
     assert loss(x.half(), y).dtype == torch.float32
-    from diffrank.experiments.instantiate import instantiate
+    from diffrank.experiments.run.instantiate import instantiate
 
     for name, cls in (("smooth_topk", SmoothTopKLoss), ("smooth_hard_topk", SmoothHardTopKLoss)):
         cfg = compose_train([f"loss={name}"])

@@ -12,11 +12,11 @@ from scipy.stats import ttest_ind
 
 from conftest import CONFIGS, options
 from diffrank import reference
-from diffrank.experiments import generate_classification as gen
-from diffrank.experiments import report
-from diffrank.experiments.composition import row_newton
+from diffrank.experiments.analysis import report
 from diffrank.experiments.models.nets import FullyConnected, LeNet5
-from diffrank.experiments.train import train
+from diffrank.experiments.rows import classification as gen
+from diffrank.experiments.run.composition import row_newton
+from diffrank.experiments.run.train import train
 from experiments.data.image_files import write_mnist
 
 ROWS = [e for e in options("experiment") if e.startswith("classification/thesis_t7_1/")]
@@ -57,7 +57,7 @@ def test_committed_rows_are_the_generators_output():
     out = CONFIGS / "experiment" / "classification"
     committed = {p.relative_to(out).as_posix(): p.read_text(encoding="utf-8")
                  for p in (out / gen.TABLE).glob("*.yaml")}
-    assert committed == files, "run python -m diffrank.experiments.generate_classification"
+    assert committed == files, "run python -m diffrank.experiments.rows.classification"
     assert sorted(f"classification/{rel[:-5]}" for rel in files) == ROWS
 
 

@@ -12,7 +12,7 @@ from diffrank import reference
 from diffrank.experiments.models.autoencoder import ConvAutoEncoder
 from diffrank.experiments.models.knn import KNNClassifier
 from diffrank.experiments.models.nets import CifarResNet18, PCAFeatures, TwoLayerConvNet
-from diffrank.experiments.train import train
+from diffrank.experiments.run.train import train
 from diffrank.losses.knn import NeighbourLoss
 from diffrank.operators import load
 from experiments.data.image_files import write_cifar10, write_mnist

@@ -11,10 +11,10 @@ from omegaconf import OmegaConf
 
 from conftest import CONFIGS, options
 from diffrank import reference
-from diffrank.experiments import generate_sorting as gen
-from diffrank.experiments.composition import row_newton, row_protocol
 from diffrank.experiments.models.sorting import MultiDigitCNN, RankingSupervisionModule
-from diffrank.experiments.train import train
+from diffrank.experiments.rows import sorting as gen
+from diffrank.experiments.run.composition import row_newton, row_protocol
+from diffrank.experiments.run.train import train
 from diffrank.losses.newton import NewtonLoss
 from diffrank.losses.resgro import ResgroLoss, kendall_tau_objective
 from diffrank.operators import load
@@ -78,12 +78,12 @@ def test_module_scores_each_image_independently():
 
 
 def test_committed_rows_are_the_generators_output():
-    """configs/experiment/sorting/<table>/ holds exactly what diffrank.experiments.generate_sorting writes."""
+    """configs/experiment/sorting/<table>/ holds exactly what diffrank.experiments.rows.sorting writes."""
     files = gen.render()
     out = CONFIGS / "experiment" / "sorting"
     committed = {p.relative_to(out).as_posix(): p.read_text(encoding="utf-8")
                  for table in gen.TABLES for p in (out / table).glob("*.yaml")}
-    assert sorted(committed) == sorted(files), "run python -m diffrank.experiments.generate_sorting"
+    assert sorted(committed) == sorted(files), "run python -m diffrank.experiments.rows.sorting"
     for rel, text in files.items():
         assert committed[rel] == text, f"{rel} differs from the generator's output"
     assert sorted(f"sorting/{rel[:-5]}" for rel in files) == ROWS

@@ -10,10 +10,10 @@ from omegaconf import OmegaConf
 
 from conftest import CONFIGS, options
 from diffrank import reference
-from diffrank.experiments import generate_topk as gen
 from diffrank.experiments.models.classifier import TopKClassifier
 from diffrank.experiments.models.nets import CifarResNet18
-from diffrank.experiments.train import train
+from diffrank.experiments.rows import topk as gen
+from diffrank.experiments.run.train import train
 from experiments.data.image_files import write_cifar100
 
 TOPK = [e for e in options("experiment") if e.startswith("topk/")]
@@ -39,12 +39,12 @@ def _small(root) -> list[str]:
 
 
 def test_committed_rows_are_the_generators_output():
-    """configs/experiment/topk/icml2022_t<N>/ holds exactly what diffrank.experiments.generate_topk writes."""
+    """configs/experiment/topk/icml2022_t<N>/ holds exactly what diffrank.experiments.rows.topk writes."""
     files = gen.render()
     out = CONFIGS / "experiment" / "topk"
     committed = {p.relative_to(out).as_posix(): p.read_text(encoding="utf-8")
                  for table in gen.FOLDERS for p in (out / table).glob("*.yaml")}
-    assert sorted(committed) == sorted(files), "run python -m diffrank.experiments.generate_topk"
+    assert sorted(committed) == sorted(files), "run python -m diffrank.experiments.rows.topk"
     for rel, text in files.items():
         assert committed[rel] == text, f"{rel} differs from the generator's output"
     assert sorted(f"topk/{rel[:-5]}" for rel in files) == sorted(ROWS + LAPSUM_ROWS)

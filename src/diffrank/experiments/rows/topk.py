@@ -16,7 +16,7 @@ P_K = [.25,0,0,0,.75], m = 16, DiffSortNets plain logistic β = 0.5. "DiffSortNe
 splitter-selection network with the same settings (the paper does not say which number is which): the rows use
 the bitonic network (``difftopk_bitonic``). SinkhornSort's temperature is not published: its rows start at
 β = 128 and are meant to be swept with the factor-2 grid (docs/topk.md: ``hparams_search=beta_grid`` over the
-table's ``sinkhorn_*`` rows); ``python -m diffrank.experiments.report`` then reports the β with the best
+table's ``sinkhorn_*`` rows); ``python -m diffrank.experiments.analysis.report`` then reports the β with the best
 validation top-1.
 
 LapSum Tables 1-2 (``lapsum_icml2025_table{1,2}.csv``): one row per Lap-Top-k cell over the same protocols, with
@@ -29,7 +29,7 @@ lost (the LR grid and the "best LR" row of Table 5 did not survive in the text):
 Not generated: Table 5's literature rows (published numbers of other models, no run) and Table 7 (network depths,
 a unit test).
 
-Usage: ``python -m diffrank.experiments.generate_topk`` (or ``python scripts/make_topk_experiments.py``; rewrites
+Usage: ``python -m diffrank.experiments.rows.topk`` (or ``python scripts/make_topk_experiments.py``; rewrites
 the table folders (:data:`FOLDERS`) of :func:`diffrank.registry.config_dir`, the checkout's ``configs/`` in an
 editable install; commit them). The test ``tests/experiments/models/test_topk_experiments.py`` checks that the
 committed files equal :func:`render`.
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from diffrank import reference
-from diffrank.experiments.generated import render_rows, write_generated, yaml_flow
+from diffrank.experiments.rows.generated import render_rows, write_generated, yaml_flow
 from diffrank.registry import config_dir
 
 OUT = config_dir() / "experiment" / "topk"

@@ -2,11 +2,11 @@
 
 Hydra's own ``glob()`` sweep lists only the files directly in ``configs/experiment/``, not the table folders::
 
-    python train.py -m experiment=$(python -m diffrank.experiments.list_experiments 'sorting/thesis_t3_3/*') \\
+    python train.py -m experiment=$(python -m diffrank.experiments.rows.list_experiments 'sorting/thesis_t3_3/*') \\
         seed=0,1,2,3,4
-    python -m diffrank.experiments.list_experiments 'sorting/*/svhn_*'      # every SVHN row
+    python -m diffrank.experiments.rows.list_experiments 'sorting/*/svhn_*'      # every SVHN row
 
-Usage: ``python -m diffrank.experiments.list_experiments [PATTERN...]`` (default ``*``: every experiment config;
+Usage: ``python -m diffrank.experiments.rows.list_experiments [PATTERN...]`` (default ``*``: every experiment config;
 also ``scripts/list_experiments.py``).
 """
 

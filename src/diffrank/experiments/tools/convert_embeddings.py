@@ -18,11 +18,11 @@ written in chunks of ``--chunk-rows`` rows.
 
 Examples::
 
-    python -m diffrank.experiments.convert_embeddings \\
+    python -m diffrank.experiments.tools.convert_embeddings \\
         ImageNet_embeddings_labels_train_test_IGAM_Resnext101_32x48d_320.p \\
         --out data/embeddings/imagenet1k_resnext101_32x48d_wsl_320 --model resnext101_32x48d_wsl --img-size 320
     # ours -> ours, another dtype
-    python -m diffrank.experiments.convert_embeddings data/embeddings/a --out data/embeddings/b --dtype float32
+    python -m diffrank.experiments.tools.convert_embeddings data/embeddings/a --out data/embeddings/b --dtype float32
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def convert(source: str | Path, out: str | Path, model: str | None = None, img_s
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line arguments (see the module docstring)."""
-    p = argparse.ArgumentParser(prog="python -m diffrank.experiments.convert_embeddings",
+    p = argparse.ArgumentParser(prog="python -m diffrank.experiments.tools.convert_embeddings",
                                 description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("source", help="a released .p file, or a cache folder of ours (round trip / dtype change)")
     p.add_argument("--out", required=True, help="the cache folder to write")

@@ -1,6 +1,6 @@
 """Run the seeds of one table cell as a queue of single-threaded jobs side by side, each resumable.
 
-``python -m diffrank.experiments.cells sorting/thesis_t3_5/bitonic_lambda04_n32_b4 --grid operator.beta=30,35
+``python -m diffrank.experiments.tools.cells sorting/thesis_t3_5/bitonic_lambda04_n32_b4 --grid operator.beta=30,35
 --seeds 0,1,2 --slots 2 --threads 1 -- paths.data_dir=$DATA``
 
 A CPU with c cores runs c one-thread jobs faster in total than one c-thread job of a small network (batch-4
@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from diffrank.experiments.record import RunRecord
+from diffrank.experiments.records.record import RunRecord
 
 
 @dataclass
@@ -45,9 +45,9 @@ class Job:
         return last if last.is_file() else None
 
     def command(self) -> list[str]:
-        """The ``diffrank.experiments.train`` command line of this job (resuming when a ``last.ckpt`` exists)."""
+        """The ``diffrank.experiments.run.train`` command line of this job (resuming when a ``last.ckpt`` exists)."""
         resume = [f"ckpt_path={self.resume_from.resolve()}"] if self.resume_from else []
-        return [sys.executable, "-m", "diffrank.experiments.train", *self.overrides,
+        return [sys.executable, "-m", "diffrank.experiments.run.train", *self.overrides,
                 f"hydra.run.dir={self.folder}", *resume]
 
 

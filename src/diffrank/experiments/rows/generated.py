@@ -1,5 +1,5 @@
-"""Writing generated row configs (:mod:`diffrank.experiments.generate_sorting`,
-:mod:`diffrank.experiments.generate_topk`): one rule for files and one for YAML."""
+"""Writing generated row configs (:mod:`diffrank.experiments.rows.sorting`,
+:mod:`diffrank.experiments.rows.topk`): one rule for files and one for YAML."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 
 def write_generated(out: Path, tables: Iterable[str], files: dict[str, str]) -> dict[str, str]:
-    """Write generated row configs (``python -m diffrank.experiments.generate_sorting`` / ``generate_topk``) and
+    """Write generated row configs (``python -m diffrank.experiments.rows.sorting`` / ``generate_topk``) and
     delete stale ones.
 
     Args:

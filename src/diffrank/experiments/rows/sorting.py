@@ -4,7 +4,8 @@ A row includes its protocol (``sorting/mnist`` or ``sorting/svhn``, hand-written
 selection metric, optimiser, steps; everything but the operator's own parameters), selects its operator and
 writes only what differs from that composition: the operator's parameters, n, the table's deviations from the
 protocol (steps, batch, learning rate, loss form), ``paper_method`` and the ``paper:`` key, whose fields are
-columns of ``src/diffrank/reference/*.csv`` (``python -m diffrank.experiments.report`` matches a run to those rows).
+columns of ``src/diffrank/reference/*.csv`` (``python -m diffrank.experiments.analysis.report`` matches a run to those
+rows).
 
 Sources: thesis Tables 2.1 (§2.3: relaxed bubble sort, with the Det. NeuralSort and Optimal Transport
 baselines), 3.3, 3.4 (SVHN), 3.5, 3.6, 3.7, 7.2 (RESGRO) and 7.3 (Regular and Newton-loss rows), the β of
@@ -12,7 +13,7 @@ Table 3.8 read from ``sorting_thesis_table3_8_beta.csv`` and the ART rule β = 2
 Table 4. SVHN rows (name prefix ``svhn_``) use the MNIST β of Table 3.8 where the thesis gives none. Not
 generated: stochastic NeuralSort (no operator).
 
-Usage: ``python -m diffrank.experiments.generate_sorting`` (or ``python scripts/make_sorting_experiments.py``;
+Usage: ``python -m diffrank.experiments.rows.sorting`` (or ``python scripts/make_sorting_experiments.py``;
 rewrites the table folders of :func:`diffrank.registry.config_dir`, the checkout's ``configs/`` in an editable
 install; commit them). The test ``tests/experiments/models/test_sorting_experiments.py`` checks that the committed
 files equal :func:`render`.
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from diffrank import reference
-from diffrank.experiments.generated import render_rows, write_generated, yaml_flow
+from diffrank.experiments.rows.generated import render_rows, write_generated, yaml_flow
 from diffrank.registry import config_dir
 
 OUT = config_dir() / "experiment" / "sorting"

@@ -3,12 +3,12 @@
 
 The report over run folders is this module's command line (:func:`main`; :func:`write_report` in Python)::
 
-    python -m diffrank.experiments.report RUN_DIR... [--out outputs/report] [--metric-prefix test/] [--quiet]
+    python -m diffrank.experiments.analysis.report RUN_DIR... [--out outputs/report] [--metric-prefix test/] [--quiet]
 
 (also ``diffrank-report`` and ``scripts/compare_to_paper.py``; ``RUN_DIR`` may also be, or hold, run archives:
-:mod:`diffrank.experiments.archive`): ``report.md`` and ``report.png`` in ``--out``,
+:mod:`diffrank.experiments.records.archive`): ``report.md`` and ``report.png`` in ``--out``,
 the tables on the console, and, for runs of the offline P_K benchmark (``benchmark:`` key instead of ``paper:``,
-:mod:`diffrank.experiments.report_pk`), their P_K x method grid beside the paper's CIFAR-100 one in
+:mod:`diffrank.experiments.analysis.report_pk`), their P_K x method grid beside the paper's CIFAR-100 one in
 ``pk_<dataset>.md``. Training runs with a W&B logger log their own row of the comparison (:func:`collect_runs` on
 the run's record). Later experiments add their tables by giving their configs a ``paper:`` key over the
 reference columns and shipping the reference CSV in ``src/diffrank/reference/``; nothing here needs to change.
@@ -22,7 +22,7 @@ Older records of a table row run with another operator (``paper`` null, ``varian
 refused now) are skipped, never shown as the row's method. The budget column is the optimizer steps actually
 taken × the global batch
 (``results.json`` fields ``optimizer_steps`` / ``global_batch``, summed over DDP ranks; older records:
-:meth:`~diffrank.experiments.record.RunRecord.from_dict`).
+:meth:`~diffrank.experiments.records.record.RunRecord.from_dict`).
 
 Temperature sweeps: when the runs of one ``paper`` key differ in ``operator.beta`` (a row whose temperature is
 not published, swept with ``hparams_search=beta_grid``: SinkhornSort in Petersen et al. 2022), only the runs of
@@ -52,8 +52,8 @@ from pathlib import Path
 from typing import Any
 
 from diffrank import reference
-from diffrank.experiments.archive import find_records
-from diffrank.experiments.record import RunRecord
+from diffrank.experiments.records.archive import find_records
+from diffrank.experiments.records.record import RunRecord
 
 # the columns that identify a reference row to a reader; shown when they vary inside a table
 SIGNIFICANCE = 0.05  # thesis §7.5.1: "significance tests (significance level 0.05)"
@@ -115,7 +115,7 @@ def run_data(run: dict[str, Any]) -> str:
 
 def collect(paths: Iterable[str | Path], metric_prefix: str = "test/") -> dict[str, Any]:
     """Match every run record under ``paths`` (``results.json`` files, folders searched recursively, and run
-    archives: :func:`diffrank.experiments.archive.find_records`) to the reference rows (:func:`collect_runs` on
+    archives: :func:`diffrank.experiments.records.archive.find_records`) to the reference rows (:func:`collect_runs` on
     the records, copied baselines included).
 
     Returns:
@@ -531,7 +531,7 @@ def write_report(paths: Iterable[str | Path], out: str | Path = "outputs/report"
                  quiet: bool = False) -> dict[str, Any]:
     """The report over run folders: ``report.md`` and ``report.png`` (when there is something to plot) in ``out``,
     the tables on the console (unless ``quiet``), and ``pk_<dataset>.md`` per offline P_K benchmark dataset
-    (:func:`diffrank.experiments.report_pk.reports`); the last line printed names the files.
+    (:func:`diffrank.experiments.analysis.report_pk.reports`); the last line printed names the files.
 
     Args:
         paths: run folders (searched recursively for ``results.json`` and run archives) or such files.
@@ -545,7 +545,7 @@ def write_report(paths: Iterable[str | Path], out: str | Path = "outputs/report"
     Raises:
         FileNotFoundError / ValueError: see :func:`collect`.
     """
-    from diffrank.experiments.report_pk import reports
+    from diffrank.experiments.analysis.report_pk import reports
 
     paths = list(paths)
     result = collect(paths, metric_prefix)
@@ -565,8 +565,9 @@ def write_report(paths: Iterable[str | Path], out: str | Path = "outputs/report"
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command line of :func:`write_report` (``python -m diffrank.experiments.report RUN_DIR... [--out DIR]``)."""
-    ap = argparse.ArgumentParser(prog="python -m diffrank.experiments.report", description=__doc__,
+    """Command line of :func:`write_report`
+    (``python -m diffrank.experiments.analysis.report RUN_DIR... [--out DIR]``)."""
+    ap = argparse.ArgumentParser(prog="python -m diffrank.experiments.analysis.report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("paths", nargs="+",
                     help="run folders (searched recursively for results.json and *.jsonl.gz run archives) or files")

@@ -1,9 +1,9 @@
 """Training throughput of the benchmarks without Lightning: the step a run repeats (forward + backward + Adam),
 timed on the configs ``python train.py experiment=<row>`` composes. Two subcommands (:func:`main`)::
 
-    python -m diffrank.experiments.throughput sorting [--data-dir DIR] [--batch 100] [--steps 20]
+    python -m diffrank.experiments.tools.throughput sorting [--data-dir DIR] [--batch 100] [--steps 20]
         [--precision 32-true|bf16-mixed] EXPERIMENT...
-    python -m diffrank.experiments.throughput topk [--rows ROW...] [--threads 1 2] [--steps 2] [--device cpu]
+    python -m diffrank.experiments.tools.throughput topk [--rows ROW...] [--threads 1 2] [--steps 2] [--device cpu]
         [--head [ROW...]]
 
 (also ``scripts/sorting_throughput.py`` and ``scripts/topk_throughput.py``: the same options without the
@@ -14,7 +14,7 @@ composed (so operator, β and loss are the experiment's), the MNIST data module 
 step time over ``--steps`` timed steps (after 3 warm-up steps) gives sets/s = batch / step time; ``--precision
 bf16-mixed`` runs the forward and the loss under ``torch.autocast("cpu", dtype=torch.bfloat16)``, as Lightning's
 ``bf16-mixed`` does (the backward and the Adam step outside it). Run it with ``OMP_NUM_THREADS`` set: the header
-prints the thread count, e.g. ``OMP_NUM_THREADS=1 python -m diffrank.experiments.throughput sorting --data-dir DIR
+prints the thread count, e.g. ``OMP_NUM_THREADS=1 python -m diffrank.experiments.tools.throughput sorting --data-dir DIR
 --batch 20 --steps 30 sorting/thesis_t3_7/odd_even_cauchy_n5``.
 
 ``topk`` (:func:`measure_topk`): the CIFAR-100 top-k protocol (Petersen et al. 2022, §5.1) in images/s of forward
@@ -26,10 +26,10 @@ loss over all 100 classes), the batch goes through the data module's on-device a
 normalisation), so the number is the training loop's cost without Lightning. ``--head`` instead times the
 ImageNet-1K linear heads of ``topk/icml2022_t2`` on generated embeddings (:func:`measure_head`, embeddings/s)::
 
-    python -m diffrank.experiments.throughput topk                       # CPU, 1 and 2 threads, three losses
-    python -m diffrank.experiments.throughput topk --threads 2 --steps 5 --rows softmax_ce dsn_uniform5
-    python -m diffrank.experiments.throughput topk --device cuda --steps 20   # on a GPU
-    python -m diffrank.experiments.throughput topk --head --threads 2         # ImageNet-1K linear heads
+    python -m diffrank.experiments.tools.throughput topk                       # CPU, 1 and 2 threads, three losses
+    python -m diffrank.experiments.tools.throughput topk --threads 2 --steps 5 --rows softmax_ce dsn_uniform5
+    python -m diffrank.experiments.tools.throughput topk --device cuda --steps 20   # on a GPU
+    python -m diffrank.experiments.tools.throughput topk --head --threads 2         # ImageNet-1K linear heads
 
 Every subcommand prints one line per measurement and :func:`main` returns the measurements (list of dicts).
 """
@@ -84,7 +84,7 @@ def measure_sorting(experiment: str, data_dir: str | Path, batch: int, steps: in
     Raises:
         ValueError: ``steps`` < 1 or an unknown ``precision``.
     """
-    from diffrank.experiments.instantiate import instantiate
+    from diffrank.experiments.run.instantiate import instantiate
 
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
@@ -135,7 +135,7 @@ def measure_head(row: str, threads: int, steps: int, batch: int, device: str) ->
     Raises:
         ValueError: ``steps`` < 1.
     """
-    from diffrank.experiments.instantiate import instantiate
+    from diffrank.experiments.run.instantiate import instantiate
 
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
@@ -169,7 +169,7 @@ def measure_topk(row: str, threads: int, steps: int, batch: int, device: str, da
     Raises:
         ValueError: ``steps`` < 1.
     """
-    from diffrank.experiments.instantiate import instantiate
+    from diffrank.experiments.run.instantiate import instantiate
 
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
@@ -207,7 +207,7 @@ def measure_topk(row: str, threads: int, steps: int, batch: int, device: str, da
 
 
 def _sorting(a: argparse.Namespace) -> list[dict[str, Any]]:
-    from diffrank.experiments.malloc import keep_freed_memory
+    from diffrank.experiments.run.malloc import keep_freed_memory
 
     if not a.glibc_mmap:
         keep_freed_memory()
@@ -249,8 +249,9 @@ def _topk(a: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    """Command line: ``python -m diffrank.experiments.throughput {sorting,topk} ...``; returns the measurements."""
-    ap = argparse.ArgumentParser(prog="python -m diffrank.experiments.throughput", description=__doc__,
+    """Command line: ``python -m diffrank.experiments.tools.throughput {sorting,topk} ...``; returns the
+    measurements."""
+    ap = argparse.ArgumentParser(prog="python -m diffrank.experiments.tools.throughput", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     s = sub.add_parser("sorting", help="MNIST sorting benchmark: sets/s of experiment configs")

@@ -3,15 +3,15 @@ regenerates the numbers ``docs/`` quotes without the run folders (``outputs/`` i
 folders do not outlive its machine).
 
 An archive is a gzip-compressed JSON-lines file (``results/<name>.jsonl.gz``): one whole record per line
-(:meth:`~diffrank.experiments.record.RunRecord.to_dict`, config, versions and device included), sorted by run
+(:meth:`~diffrank.experiments.records.record.RunRecord.to_dict`, config, versions and device included), sorted by run
 folder and written with a zero gzip timestamp, so archiving the same runs twice gives the same bytes. Table 7.1's
 epoch-1 CPU runs (640 records) take 80 kB.
 
-    python -m diffrank.experiments.archive outputs/t7_1_cpu --out results/thesis_t7_1_cpu.jsonl.gz
-    python -m diffrank.experiments.report results outputs      # archives and run folders together
+    python -m diffrank.experiments.records.archive outputs/t7_1_cpu --out results/thesis_t7_1_cpu.jsonl.gz
+    python -m diffrank.experiments.analysis.report results outputs      # archives and run folders together
 
-The report (:func:`diffrank.experiments.report.collect`) and the P_K report read archives wherever they read run
-folders (:func:`find_records`); a run found both in an archive and in its folder counts once.
+The report (:func:`diffrank.experiments.analysis.report.collect`) and the P_K report read archives wherever they read
+run folders (:func:`find_records`); a run found both in an archive and in its folder counts once.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from diffrank.experiments.record import RunRecord, write_atomic
+from diffrank.experiments.records.record import RunRecord, write_atomic
 
 SUFFIX = ".jsonl.gz"
 
@@ -127,7 +127,7 @@ def write_archive(paths: Iterable[str | Path], out: str | Path) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     """Command line of :func:`write_archive`."""
-    ap = argparse.ArgumentParser(prog="python -m diffrank.experiments.archive", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m diffrank.experiments.records.archive", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("paths", nargs="+", help="run folders (searched recursively for results.json) or archives")
     ap.add_argument("--out", required=True, help=f"the archive written (…{SUFFIX}; records it holds are kept)")

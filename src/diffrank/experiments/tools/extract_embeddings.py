@@ -10,10 +10,12 @@ of :mod:`diffrank.experiments.data.embeddings` (float16 ``.npy`` files + ``index
 Examples::
 
     # ImageNet-1K in ImageFolder layout (<root>/train/<wnid>/*.JPEG, <root>/val/<wnid>/*.JPEG), 320 px
-    python -m diffrank.experiments.extract_embeddings --model resnext101_32x48d.fb_wsl_ig1b_ft_in1k --pretrained \\
+    python -m diffrank.experiments.tools.extract_embeddings \\
+        --model resnext101_32x48d.fb_wsl_ig1b_ft_in1k --pretrained \\
         --img-size 320 --image-folder /data/imagenet --out data/embeddings/imagenet1k_resnext101_32x48d_wsl_320
     # a local weight file, a Hugging Face dataset saved with save_to_disk
-    python -m diffrank.experiments.extract_embeddings --model tf_efficientnet_l2.ns_jft_in1k --checkpoint l2.pth \\
+    python -m diffrank.experiments.tools.extract_embeddings \\
+        --model tf_efficientnet_l2.ns_jft_in1k --checkpoint l2.pth \\
         --hf-dataset /data/imagenet-1k-hf --split train=train --split test=validation --out ...
 
 Resumable: every ``--chunk-batches`` batches the rows are flushed and ``rows_done`` in ``index.json`` advances
@@ -153,7 +155,7 @@ def open_splits(args, transform) -> dict[str, torch.utils.data.Dataset]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line arguments (see the module docstring)."""
-    p = argparse.ArgumentParser(prog="python -m diffrank.experiments.extract_embeddings",
+    p = argparse.ArgumentParser(prog="python -m diffrank.experiments.tools.extract_embeddings",
                                 description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", required=True, help="timm model name, e.g. resnext101_32x48d.fb_wsl_ig1b_ft_in1k")
     w = p.add_mutually_exclusive_group()

@@ -28,11 +28,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from diffrank.experiments.algorithms.newton import with_newton
 from diffrank.experiments.callbacks import ResumeState, RunIdentity
 from diffrank.experiments.callbacks.run_identity import run_identity
-from diffrank.experiments.composition import check_model_fits_data, drop_unused_groups, prepare
-from diffrank.experiments.fit import fit_and_test
-from diffrank.experiments.instantiate import instantiate
-from diffrank.experiments.malloc import keep_freed_memory
-from diffrank.experiments.record import (
+from diffrank.experiments.records.record import (
     RunRecord,
     compute_environment,
     device_description,
@@ -40,7 +36,11 @@ from diffrank.experiments.record import (
     to_float,
     versions,
 )
-from diffrank.experiments.sweeps import register_resolvers
+from diffrank.experiments.run.composition import check_model_fits_data, drop_unused_groups, prepare
+from diffrank.experiments.run.fit import fit_and_test
+from diffrank.experiments.run.instantiate import instantiate
+from diffrank.experiments.run.malloc import keep_freed_memory
+from diffrank.experiments.run.resolvers import register_resolvers
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def _trained_steps(trainer: L.Trainer, done: dict[str, Any]) -> int:
                                                               / "last.ckpt")]
     for last in candidates:
         if last and Path(last).is_file():
-            from diffrank.experiments.fit import checkpoint_info
+            from diffrank.experiments.run.fit import checkpoint_info
 
             return int(checkpoint_info(last)["global_step"] or 0)
     return steps
@@ -148,7 +148,7 @@ class Built:
 
 
 def build(cfg: DictConfig, info: dict[str, Any]) -> Built:
-    """Compose what a run uses (:func:`~diffrank.experiments.composition.prepare`), seed, and build the data
+    """Compose what a run uses (:func:`~diffrank.experiments.run.composition.prepare`), seed, and build the data
     module, the loss (with the operator and P_K its yaml interpolates), the model, callbacks, loggers and trainer.
     Under DDP each rank loads ``data.batch_size / world_size`` items (``data.batch_size`` is the global batch).
 
@@ -195,7 +195,7 @@ def build(cfg: DictConfig, info: dict[str, Any]) -> Built:
 def run_fit(built: Built) -> dict[str, Any]:
     """Log the hyperparameters, resume a repeated job from its ``last.ckpt`` (:func:`_resume_path`), then fit and
     test the selected checkpoint, or (``train=false ckpt_path=…``) evaluate a checkpoint
-    (:func:`~diffrank.experiments.fit.fit_and_test`, whose result this returns)."""
+    (:func:`~diffrank.experiments.run.fit.fit_and_test`, whose result this returns)."""
     cfg = built.cfg
     for lg in built.loggers:
         lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
@@ -209,9 +209,9 @@ def run_fit(built: Built) -> dict[str, Any]:
 
 
 def make_record(built: Built, done: dict[str, Any], metrics: dict[str, float], wall_time_s: float) -> RunRecord:
-    """The :class:`~diffrank.experiments.record.RunRecord` of a finished run: metrics, the choices and overrides,
-    seeds, the budget actually trained (optimizer steps × global batch), the tested checkpoint, and what decides
-    the bits (git state, versions, compute environment)."""
+    """The :class:`~diffrank.experiments.records.record.RunRecord` of a finished run: metrics, the choices and
+    overrides, seeds, the budget actually trained (optimizer steps × global batch), the tested checkpoint, and what
+    decides the bits (git state, versions, compute environment)."""
     cfg, trainer, info = built.cfg, built.trainer, built.info
     steps = _trained_steps(trainer, done) if cfg.get("train", True) else None
     accumulate = int(cfg.trainer.get("accumulate_grad_batches") or 1)
@@ -245,7 +245,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     ``<paths.output_dir>/results.json`` by the main process).
 
     A paper row run with another operator is refused, and groups nothing reads (P_K in a sorting run) are left
-    out of the record: :mod:`diffrank.experiments.composition`.
+    out of the record: :mod:`diffrank.experiments.run.composition`.
     A multirun job that already finished (:func:`finished_record`) returns its recorded metrics without
     building anything (``objects`` is then ``{"results": record, "skipped": True}``). Any W&B run is finished
     on the way out, also after an exception.
@@ -315,11 +315,11 @@ def _check_selection_metric(built: Built, metrics: dict[str, float]) -> None:
 
 def _wandb_kwargs(logger_cfg: DictConfig, cfg: DictConfig, choices: dict[str, Any], paper: Any,
                   info: dict[str, Any]) -> dict[str, Any]:
-    """``group`` (paper table, or the sweep, :func:`diffrank.experiments.loggers.wandb_group`) and ``tags`` for a W&B
-    logger whose config leaves them null; nothing for other loggers."""
+    """``group`` (paper table, or the sweep, :func:`diffrank.experiments.run.loggers.wandb_group`) and ``tags`` for a
+    W&B logger whose config leaves them null; nothing for other loggers."""
     if not str(logger_cfg.get("_target_", "")).endswith("WandbLogger"):
         return {}
-    from diffrank.experiments.loggers import wandb_group, wandb_tags
+    from diffrank.experiments.run.loggers import wandb_group, wandb_tags
 
     sweep = Path(info["sweep_dir"]).name if info.get("sweep_dir") else None
     kwargs: dict[str, Any] = {}
@@ -334,7 +334,7 @@ def _wandb_kwargs(logger_cfg: DictConfig, cfg: DictConfig, choices: dict[str, An
 def _log_paper_comparison(loggers: list[Any], record: dict[str, Any]) -> None:
     from lightning.pytorch.loggers.wandb import WandbLogger
 
-    from diffrank.experiments.loggers import log_paper_comparison
+    from diffrank.experiments.run.loggers import log_paper_comparison
 
     for lg in loggers:
         if isinstance(lg, WandbLogger):
@@ -408,7 +408,7 @@ def apply_process_settings(cfg: DictConfig) -> dict[str, bool]:
 
     - ``extras.ignore_warnings`` (default false): silence every Python warning for this process.
     - ``extras.keep_freed_memory`` (default true): for CPU runs only, glibc keeps freed memory instead of
-      unmapping it every step (:func:`diffrank.experiments.malloc.keep_freed_memory`); logged when applied.
+      unmapping it every step (:func:`diffrank.experiments.run.malloc.keep_freed_memory`); logged when applied.
 
     Returns:
         ``{"ignore_warnings": bool, "keep_freed_memory": bool}``: what was applied.
