@@ -1,0 +1,18 @@
+"""Deprecated alias of :mod:`diffrank.experiments.rows.classification`: the framework is grouped by concern now.
+
+``python -m diffrank.experiments.generate_classification`` still runs
+``python -m diffrank.experiments.rows.classification``; the old path goes in 0.3.
+"""
+
+import warnings
+
+warnings.warn("diffrank.experiments.generate_classification moved to "
+              "diffrank.experiments.rows.classification; the old path goes in 0.3",
+              FutureWarning, stacklevel=2)
+
+if __name__ == "__main__":
+    import runpy
+
+    runpy.run_module("diffrank.experiments.rows.classification", run_name="__main__", alter_sys=True)
+else:
+    from diffrank.experiments.rows.classification import *  # noqa: F403

@@ -1,0 +1,18 @@
+"""Deprecated alias of :mod:`diffrank.experiments.rows.topk`: the framework is grouped by concern now.
+
+``python -m diffrank.experiments.generate_topk`` still runs
+``python -m diffrank.experiments.rows.topk``; the old path goes in 0.3.
+"""
+
+import warnings
+
+warnings.warn("diffrank.experiments.generate_topk moved to "
+              "diffrank.experiments.rows.topk; the old path goes in 0.3",
+              FutureWarning, stacklevel=2)
+
+if __name__ == "__main__":
+    import runpy
+
+    runpy.run_module("diffrank.experiments.rows.topk", run_name="__main__", alter_sys=True)
+else:
+    from diffrank.experiments.rows.topk import *  # noqa: F403
