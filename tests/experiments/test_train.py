@@ -157,3 +157,16 @@ def test_run_that_never_validates_fails_and_says_why(compose_train, tmp_path):
         run(cfg)
     rec = RunRecord.read(tmp_path / "results.json")
     assert rec.status == "failed" and "first validation" in rec.error
+
+
+def test_smooth_topk_loss_configs(compose_train):
+    """The configs of the smooth top-k SVM losses (Berrada et al., ICLR 2018) build the library's classes with
+    their defaults (k = 5, τ = 1) and read neither ``${operator}`` nor ``${pk}``."""
+    from diffrank.experiments.run.instantiate import instantiate
+    from diffrank.losses.smooth_topk import SmoothHardTopKLoss, SmoothTopKLoss
+
+    for name, cls in (("smooth_topk", SmoothTopKLoss), ("smooth_hard_topk", SmoothHardTopKLoss)):
+        cfg = compose_train([f"loss={name}"])
+        assert "operator" not in cfg.loss and "p_k" not in cfg.loss
+        built = instantiate(cfg.loss)
+        assert type(built) is cls and built.k == 5 and built.tau == 1.0
