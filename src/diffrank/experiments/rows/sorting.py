@@ -13,29 +13,24 @@ Table 3.8 read from ``sorting_thesis_table3_8_beta.csv`` and the ART rule β = 2
 Table 4. SVHN rows (name prefix ``svhn_``) use the MNIST β of Table 3.8 where the thesis gives none. Not
 generated: stochastic NeuralSort (no operator).
 
-Usage: ``python -m diffrank.experiments.rows.sorting`` (or ``python scripts/make_sorting_experiments.py``;
-rewrites the table folders of :func:`diffrank.registry.config_dir`, the checkout's ``configs/`` in an editable
-install; commit them). The test ``tests/experiments/models/test_sorting_experiments.py`` checks that the committed
-files equal :func:`render`.
+Usage: ``python -m diffrank.experiments.rows.sorting [--out DIR]`` (rewrites the table folders (:data:`FOLDERS`)
+of :func:`diffrank.registry.config_dir`, the checkout's ``configs/`` in an editable install; commit them).
+``tests/experiments/test_rows.py`` checks that the committed files equal the generator's output.
 """
 
 from __future__ import annotations
 
-import csv
 import math
 import re
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from diffrank import reference
-from diffrank.experiments.rows.generated import render_rows, write_generated, yaml_flow
+from diffrank.experiments.rows.generated import Row, generate, render_rows
 from diffrank.registry import config_dir
 
-OUT = config_dir() / "experiment" / "sorting"
-REFERENCE = Path(reference.__file__).parent  # the reference CSVs (package data)
-TABLES = ("thesis_t2_1", "thesis_t3_3", "thesis_t3_4", "thesis_t3_5", "thesis_t3_6", "thesis_t3_7", "thesis_t7_2",
+FOLDERS = ("thesis_t2_1", "thesis_t3_3", "thesis_t3_4", "thesis_t3_5", "thesis_t3_6", "thesis_t3_7", "thesis_t7_2",
           "thesis_t7_3", "lapsum_t4")
 THESIS = "petersen_thesis_2022"
 NETWORKS = ("odd_even", "bitonic")
@@ -57,33 +52,6 @@ LOSS = {"fast_soft_sort": "sort_rank_mse",  # operators without P train on soft 
 NEWTON = {"NL (Hessian)": "hessian", "NL (Fisher)": "fisher"}
 
 
-@dataclass
-class Row:
-    """One experiment config: ``configs/experiment/sorting/<name>.yaml``. ``operator`` None: a row whose method is
-    its loss (``method_loss``, RESGRO); ``newton``: the Newton loss it trains with (Table 7.3)."""
-
-    name: str
-    title: str
-    operator: str | None
-    paper: dict[str, Any]
-    n: int
-    protocol: str = "mnist"
-    params: dict[str, Any] = field(default_factory=dict)    # the operator's parameters
-    settings: dict[str, Any] = field(default_factory=dict)  # other keys, dotted: {"trainer.max_steps": 200000}
-    newton: str | None = None
-    method_loss: str | None = None
-
-    @property
-    def loss(self) -> str | None:
-        """The loss config this row's operator needs (None: the protocol's ``sort_bce``)."""
-        return self.method_loss or LOSS.get(self.operator)
-
-    @property
-    def method(self) -> str:
-        """``paper_method``: the operator, or the loss of a row without one."""
-        return self.operator or self.method_loss
-
-
 def layers(network: str, n: int) -> int:
     """Comparator layers: n (odd-even), log2 n (1 + log2 n) / 2 (bitonic, n a power of 2)."""
     if network == "odd_even":
@@ -96,12 +64,11 @@ def layers(network: str, n: int) -> int:
 def table_3_8() -> dict[tuple[str, str, int], tuple[float, str]]:
     """Table 3.8 from the reference CSV: ``{(thesis sigmoid, network, n): (β, β as printed)}`` on the thesis
     scale; a Cauchy β noted as a multiple of π (``= 51pi``) is that exact multiple, printed ``51π``."""
-    with (REFERENCE / "sorting_thesis_table3_8_beta.csv").open(newline="", encoding="utf-8") as f:
-        out = {}
-        for r in csv.DictReader(f):
-            pi = re.match(r"=\s*([\d.]+)\s*pi", r["note"])
-            out[(r["sigmoid"], r["network"], int(r["n"]))] = \
-                (float(pi[1]) * math.pi, f"{pi[1]}π") if pi else (float(r["value"]), r["value"])
+    out = {}
+    for r in reference.load_table("sorting_thesis_table3_8_beta"):
+        pi = re.match(r"=\s*([\d.]+)\s*pi", r["note"])
+        out[(r["sigmoid"], r["network"], int(r["n"]))] = \
+            (float(pi[1]) * math.pi, f"{pi[1]}π") if pi else (float(r["value"]), r["value"])
     return out
 
 
@@ -115,7 +82,7 @@ def _prefix(protocol: str) -> str:
 
 def art_rows(table: str, protocol: str, ns: dict[str, tuple[int, ...]]) -> list[Row]:
     """Tables 3.3 / 3.4: σ∘φ ART (λ = 0.25), β = 2 · layers, both networks."""
-    return [Row(f"thesis_t{table.replace('.', '_')}/{_prefix(protocol)}{network}_art_n{n}",
+    return [_row(f"thesis_t{table.replace('.', '_')}/{_prefix(protocol)}{network}_art_n{n}",
                 f"σ∘φ ART ({network}), n = {n}, λ = 0.25, β = 2·layers = {2 * layers(network, n)}",
                 f"diffsort_{network}", {"paper": THESIS, "table": table, "dataset": _dataset(protocol),
                                         "method": ART_METHOD[network], "n": n}, n, protocol,
@@ -126,7 +93,7 @@ def art_rows(table: str, protocol: str, ns: dict[str, tuple[int, ...]]) -> list[
 def baseline_rows(table: str, protocol: str, methods: tuple[tuple[str, str], ...], ns: tuple[int, ...],
                   **settings: Any) -> list[Row]:
     """NeuralSort / Sinkhorn / Fast Sort & Rank rows of Tables 3.3, 3.4, 3.7."""
-    return [Row(f"thesis_t{table.replace('.', '_')}/{_prefix(protocol)}{op}_n{n}", f"{method}, n = {n}", op,
+    return [_row(f"thesis_t{table.replace('.', '_')}/{_prefix(protocol)}{op}_n{n}", f"{method}, n = {n}", op,
                 {"paper": THESIS, "table": table, "dataset": _dataset(protocol), "method": method, "n": n}, n,
                 protocol, {"beta": BASELINE_BETA[op]}, settings)
             for op, method in methods for n in ns]
@@ -140,7 +107,7 @@ def ablation_rows(protocol: str) -> list[Row]:
             for lam, sig in ((0, "logistic"), (0.25, "logistic_art")):
                 beta = 2 * layers(network, n)
                 params = {"beta": float(beta), "sigmoid": SIGMOIDS[sig][0], "art_lambda": float(lam) or 0.25}
-                rows.append(Row(
+                rows.append(_row(
                     f"thesis_t3_6/{_prefix(protocol)}{network}_lambda{str(lam).replace('.', '')}_n{n}",
                     f"ART ablation, {network}, n = {n}, λ = {lam}, β = 2·layers = {beta}", f"diffsort_{network}",
                     {"paper": THESIS, "table": "3.6", "dataset": _dataset(protocol), "network": network,
@@ -156,7 +123,7 @@ def monotonic_rows(protocol: str, steps: int) -> list[Row]:
             if s != sig or (protocol == "svhn" and n == 32):  # SVHN n = 32 is omitted in the thesis
                 continue
             source = "Table 3.8" + ("" if protocol == "mnist" else ", MNIST's: the thesis gives none for SVHN")
-            rows.append(Row(
+            rows.append(_row(
                 f"thesis_t3_7/{_prefix(protocol)}{network}_{short}_n{n}",
                 f"{method} ({network}), n = {n}, β = {printed} ({source}"
                 + (f"; × {scale:g} for our reciprocal)" if scale != 1 else ")"),
@@ -172,7 +139,7 @@ def table_2_1() -> list[Row]:
     and 1.5·10^6" iterations -> 1.5·10^5 (the lower end); the baselines (copied from Cuturi et al. 2019) at
     the protocol's settings. The bubble sort trains on its relaxed swap count as in the thesis (loss=sort_swaps,
     :class:`diffrank.losses.sorting.BubbleSwapLoss`)."""
-    bubble = [Row(f"thesis_t2_1/relaxed_bubble_sort_n{n}",
+    bubble = [_row(f"thesis_t2_1/relaxed_bubble_sort_n{n}",
                   f"Relaxed Bubble Sort, n = {n}, β = 8 (tuned for n = 5), Adam 1e-4, 1.5e5 steps",
                   "relaxed_bubble_sort", {"paper": THESIS, "table": "2.1", "dataset": "mnist4",
                                           "method": "Relaxed Bubble Sort", "n": n}, n,
@@ -192,7 +159,7 @@ def table_3_5() -> list[Row]:
                (0.4, 128, 32, "fixed_images"), (0.4, 256, 16, "fixed_images"), (0.4, 512, 8, "fixed_images"),
                (0.4, 1024, 4, "both"), (0.4, 32, 4, "fixed_batch"), (0.4, 64, 4, "fixed_batch"),
                (0.4, 128, 4, "fixed_batch"), (0.4, 256, 4, "fixed_batch"), (0.4, 512, 4, "fixed_batch")]
-    return [Row(f"thesis_t3_5/bitonic_lambda{str(lam).replace('.', '')}_n{n}_b{batch}",
+    return [_row(f"thesis_t3_5/bitonic_lambda{str(lam).replace('.', '')}_n{n}_b{batch}",
                 f"bitonic σ∘φ ART, λ = {lam}, n = {n}, batch {batch}; sweep operator.beta=30,32.5,35,37.5,40",
                 "diffsort_bitonic",
                 {"paper": THESIS, "table": "3.5", "dataset": "mnist4", "n": n,
@@ -209,7 +176,7 @@ def table_7_2() -> list[Row]:
     """Table 7.2: RESGRO with Kendall's τ as the objective (no ranking operator), n = 5, 10; Adam 1e-3, 1e5 steps,
     batch 100 as Table 7.3 (the thesis gives the setting for both tables together); one-set, 30 samples, σ = 1
     (``configs/loss/resgro.yaml``; not printed in the thesis)."""
-    return [Row(f"thesis_t7_2/resgro_n{n}", f"RESGRO, Kendall's τ objective, n = {n}, Adam 1e-3", None,
+    return [_row(f"thesis_t7_2/resgro_n{n}", f"RESGRO, Kendall's τ objective, n = {n}, Adam 1e-3", None,
                 {"paper": THESIS, "table": "7.2", "dataset": "mnist4", "method": "RESGRO", "n": n}, n,
                 settings={"model.optimizer.lr": 1e-3}, method_loss="resgro")
             for n in (5, 10)]
@@ -241,7 +208,7 @@ def _table_7_3(method: str) -> list[Row]:
                 title = f"odd-even, {sig}, n = {n}, β = {printed} (Table 3.8, n = {m})"
             else:
                 params, key, short, title = {"beta": BASELINE_BETA[op]}, {"operator": op}, op, f"{op}, n = {n}"
-            rows.append(Row(f"thesis_t7_3/{short}_n{n}{suffix}", f"{title}, {method}, Adam 1e-3", op,
+            rows.append(_row(f"thesis_t7_3/{short}_n{n}{suffix}", f"{title}, {method}, Adam 1e-3", op,
                             {"paper": THESIS, "table": "7.3", "dataset": "mnist4", "method": method, **key, "n": n},
                             n, params=params, settings={"model.optimizer.lr": 1e-3}, newton=newton))
     return rows
@@ -249,7 +216,7 @@ def _table_7_3(method: str) -> list[Row]:
 
 def lapsum_rows() -> list[Row]:
     """LapSum (ICML 2025) Table 4: permutation CE over rows, batch 20, Adam 1e-3, α = 1 (β = 1)."""
-    return [Row(f"lapsum_t4/lapsum_n{n}", f"LapSum soft permutation, n = {n}, CE over rows, batch 20, Adam 1e-3",
+    return [_row(f"lapsum_t4/lapsum_n{n}", f"LapSum soft permutation, n = {n}, CE over rows, batch 20, Adam 1e-3",
                 "lapsum", {"paper": "struski_lapsum_icml2025", "table": "4", "dataset": "mnist4",
                            "method": "LapSum (ours)", "n": n}, n, params={"beta": BASELINE_BETA["lapsum"]},
                 settings={"data.batch_size": 20, "model.optimizer.lr": 1e-3, "loss.form": "ce_rows"})
@@ -313,24 +280,25 @@ def _nest(flat: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def render_row(row: Row) -> str:
-    """The yaml text of one row."""
-    base = _base(row.protocol, row.operator, row.loss)
-    wanted = {**{f"operator.{k}": v for k, v in row.params.items()}, **row.settings}
+def _row(name: str, title: str, operator: str | None, paper: dict[str, Any], n: int, protocol: str = "mnist",
+         params: dict[str, Any] | None = None, settings: dict[str, Any] | None = None, newton: str | None = None,
+         method_loss: str | None = None) -> Row:
+    """One sorting row: ``experiment=sorting/<protocol>`` with ``operator`` (None: a row whose method is its loss,
+    ``method_loss``, e.g. RESGRO), the loss the operator needs (:data:`LOSS`; else the protocol's ``sort_bce``) and
+    the Newton loss ``newton`` it trains with (Table 7.3); its keys are only what differs from that composition:
+    the operator's ``params``, n, the ``settings`` (dotted: ``{"trainer.max_steps": 200000}``), ``paper_method``
+    and the ``paper`` key."""
+    loss = method_loss or LOSS.get(operator)
+    base = _base(protocol, operator, loss)
+    wanted = {**{f"operator.{k}": v for k, v in (params or {}).items()}, **(settings or {})}
     differs = {k: v for k, v in wanted.items() if base.get(k) != v or type(base.get(k)) is not type(v)}
-    body = {"paper_method": row.method, "paper": row.paper,
-            **_nest({**{k: v for k, v in differs.items() if k.startswith("operator.")}, "data.n": row.n,
+    keys = {"paper_method": operator or method_loss, "paper": paper,
+            **_nest({**{k: v for k, v in differs.items() if k.startswith("operator.")}, "data.n": n,
                      **{k: v for k, v in differs.items() if not k.startswith("operator.")}})}
-    source = "LapSum (Struski et al. 2025) Table 4" if row.paper["paper"] != THESIS else \
-        f"Thesis Table {row.paper['table']} ({'MNIST' if row.protocol == 'mnist' else 'SVHN'})"
-    lines = ["# @package _global_", f"# {source}: {row.title}.",
-             "# Generated by scripts/make_sorting_experiments.py: edit the generator, not this file.",
-             "defaults:", f"  - /experiment/sorting/{row.protocol}",
-             f"  - override /operator: {row.operator or 'null'}",
-             *([f"  - override /loss: {row.loss}"] if row.loss else []),
-             *([f"  - override /newton: {row.newton}"] if row.newton else []), "  - _self_", ""]
-    lines += [f"{k}: {yaml_flow(v)}" for k, v in body.items()]
-    return "\n".join(lines) + "\n"
+    source = "LapSum (Struski et al. 2025) Table 4" if paper["paper"] != THESIS else \
+        f"Thesis Table {paper['table']} ({'MNIST' if protocol == 'mnist' else 'SVHN'})"
+    choices = {"operator": operator, **({"loss": loss} if loss else {}), **({"newton": newton} if newton else {})}
+    return Row(name, f"{source}: {title}", f"/experiment/sorting/{protocol}", choices, keys)
 
 
 def render() -> dict[str, str]:
@@ -339,14 +307,13 @@ def render() -> dict[str, str]:
     Raises:
         ValueError: two rows share a name.
     """
-    return render_rows(rows(), render_row)
+    return render_rows(rows(), "sorting")
 
 
-def main() -> dict[str, str]:
-    """Rewrite the table folders (stale rows removed), print how many configs; returns what was written."""
-    files = write_generated(OUT, TABLES, render())
-    print(f"wrote {len(files)} configs under {OUT}")
-    return files
+def main(argv: Sequence[str] | None = None) -> dict[str, str]:
+    """``python -m diffrank.experiments.rows.sorting [--out DIR]``: rewrite the table folders (stale rows
+    removed); returns what was written."""
+    return generate("sorting", FOLDERS, render, argv)
 
 
 if __name__ == "__main__":

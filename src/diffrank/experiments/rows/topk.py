@@ -29,26 +29,20 @@ lost (the LR grid and the "best LR" row of Table 5 did not survive in the text):
 Not generated: Table 5's literature rows (published numbers of other models, no run) and Table 7 (network depths,
 a unit test).
 
-Usage: ``python -m diffrank.experiments.rows.topk`` (or ``python scripts/make_topk_experiments.py``; rewrites
-the table folders (:data:`FOLDERS`) of :func:`diffrank.registry.config_dir`, the checkout's ``configs/`` in an
-editable install; commit them). The test ``tests/experiments/models/test_topk_experiments.py`` checks that the
-committed files equal :func:`render`.
+Usage: ``python -m diffrank.experiments.rows.topk [--out DIR]`` (rewrites the table folders (:data:`FOLDERS`) of
+:func:`diffrank.registry.config_dir`, the checkout's ``configs/`` in an editable install; commit them).
+``tests/experiments/test_rows.py`` checks that the committed files equal the generator's output.
 """
 
 from __future__ import annotations
 
-import csv
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from diffrank import reference
-from diffrank.experiments.rows.generated import render_rows, write_generated, yaml_flow
-from diffrank.registry import config_dir
+from diffrank.experiments.rows.generated import Row, generate, render_rows
 
-OUT = config_dir() / "experiment" / "topk"
-REFERENCE = Path(reference.__file__).parent  # the reference CSVs (package data)
 PAPER = "petersen_difftopk_icml2022"
 TABLES = {1: "icml2022_t1", 2: "icml2022_t2", 3: "icml2022_t3", 4: "icml2022_t4", 5: "icml2022_t5",
           6: "icml2022_t6"}
@@ -75,23 +69,6 @@ PK_NAMES = {"[1,0,0,0,0]": "top1", "[0,0,0,0,1]": "top5", "[.5,0,0,0,.5]": "half
             "[.25,0,0,0,.75]": "quarter_top5", "[.1,0,0,0,.9]": "tenth_top5", "[.2,.2,.2,.2,.2]": "uniform5",
             "[.5,0 x3,.5]": "half_top5", "[.25,0 x3,.75]": "quarter_top5", "[.1,0 x3,.9]": "tenth_top5",
             "[.5,0 x8,.5]": "half_top10", "[.5,0 x18,.5]": "half_top20"}
-
-
-@dataclass
-class Row:
-    """One experiment config: ``configs/experiment/topk/<name>.yaml``."""
-
-    name: str
-    title: str
-    protocol: str
-    paper: dict[str, Any]
-    operator: str | None = None           # None: a baseline loss, no operator
-    loss: str | None = None               # a baseline loss (BASELINE_LOSSES) instead of the protocol's topk_ce
-    params: dict[str, Any] = field(default_factory=dict)
-    pk: str | list[float] | None = None   # a pk config name or the weights
-    sweep_beta: bool = False              # SinkhornSort: no published β
-    notes: list[str] = field(default_factory=list)           # comment lines after the defaults
-    overrides: dict[str, Any] = field(default_factory=dict)  # top-level keys (data, trainer) that differ
 
 
 def pk_weights(printed: str) -> list[float]:
@@ -125,9 +102,9 @@ def _pk_tag(printed: str) -> str:
 
 @cache
 def reference_rows(table: int, stem: str = "topk_icml2022_table") -> tuple[dict[str, str], ...]:
-    """The rows of ``<stem><table>.csv`` (strings; default Petersen et al. 2022)."""
-    with (REFERENCE / f"{stem}{table}.csv").open(newline="", encoding="utf-8") as f:
-        return tuple(csv.DictReader(f))
+    """The rows of the reference table ``<stem><table>`` (:mod:`diffrank.reference`; strings; default Petersen
+    et al. 2022)."""
+    return tuple(reference.load_table(f"{stem}{table}"))
 
 
 def _setting(row: dict[str, str]) -> dict[str, str]:
@@ -171,7 +148,7 @@ def lapsum_rows() -> list[Row]:
             if protocol != "topk/cifar100":
                 notes += ["LapSum (§5.1) says it needs no m-subset but not whether Table 2 used one: the protocol's",
                           "m is kept (loss.m=null ranks all classes)."]
-            out.append(Row(f"{folder}/{prefix}lapsum_{tag}",
+            out.append(_row(f"{folder}/{prefix}lapsum_{tag}",
                            f"Struski et al. 2025 (LapSum), Table {table}: {r['method']}, P_K = {r['pk']}; lapsum, "
                            f"α = {alpha:g}", protocol, key, operator="lapsum", params={"beta": -1.0 / alpha},
                            pk=PK_NAMES[r["pk"]], notes=notes, overrides=overrides))
@@ -216,7 +193,7 @@ def rows() -> list[Row]:
                 if table == 6:  # Table 6 prints the softmax baseline once per P_K length block
                     name += f"_len{len(pk_weights(r['pk']))}"
                 params_note = ", τ = 1, k = 5 (README)" if op == "smooth_topk" else ""
-                out.append(Row(f"{TABLES[table]}/{name}", where + params_note, protocol, key, loss=op))
+                out.append(_row(f"{TABLES[table]}/{name}", where + params_note, protocol, key, loss=op))
                 continue
             ours = OPERATORS[op]
             params = _params(table, r["dataset"], op, r["sigmoid"], r["model"])
@@ -225,7 +202,7 @@ def rows() -> list[Row]:
             pk: str | list[float] = pk_name or pk_weights(r["pk"])
             temp = ", ".join(f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}" for k, v in params.items())
             note = "; β not published: sweep it (docs/topk.md)" if op == "sinkhorn" else " (README)"
-            out.append(Row(f"{TABLES[table]}/{prefix}{short}_{tag}", f"{where}; {ours}, {temp}{note}", protocol,
+            out.append(_row(f"{TABLES[table]}/{prefix}{short}_{tag}", f"{where}; {ours}, {temp}{note}", protocol,
                            key, operator=ours, params=params, pk=pk, sweep_beta=op == "sinkhorn"))
     return out + lapsum_rows()
 
@@ -234,30 +211,22 @@ def rows() -> list[Row]:
 
 
 
-def render_row(row: Row) -> str:
-    """The yaml text of one row."""
-    lines = ["# @package _global_", f"# {row.title}.",
-             "# Generated by scripts/make_topk_experiments.py: edit the generator, not this file.", "defaults:",
-             f"  - /experiment/{row.protocol}"]
-    if row.operator:
-        lines.append(f"  - override /operator: {row.operator}")
-    if isinstance(row.pk, str):
-        lines.append(f"  - override /pk: {row.pk}")
-    if row.loss:
-        lines.append(f"  - override /loss: {row.loss}")
-    lines += ["  - _self_", ""]
-    lines += [f"# {note}" for note in row.notes]
-    if row.sweep_beta:
-        lines.append(f"# β not published: python train.py experiment=topk/{row.name} hparams_search=beta_grid "
+def _row(name: str, title: str, protocol: str, paper: dict[str, Any], operator: str | None = None,
+         loss: str | None = None, params: dict[str, Any] | None = None, pk: str | list[float] | None = None,
+         sweep_beta: bool = False, notes: list[str] | None = None, overrides: dict[str, Any] | None = None) -> Row:
+    """One top-k row: ``experiment=<protocol>`` with ``operator`` (None: a baseline ``loss`` of
+    :data:`BASELINE_LOSSES` instead of the protocol's ``topk_ce``) and its ``params``, ``pk`` (a pk config name or
+    the weights), a note on sweeping β where none is published (``sweep_beta``: SinkhornSort), comment ``notes``
+    and the top-level keys (data, trainer) that differ from the protocol (``overrides``)."""
+    choices = {**({"operator": operator} if operator else {}), **({"pk": pk} if isinstance(pk, str) else {}),
+               **({"loss": loss} if loss else {})}
+    notes = list(notes or [])
+    if sweep_beta:
+        notes.append(f"β not published: python train.py experiment=topk/{name} hparams_search=beta_grid "
                      "sweep.beta_min=4 sweep.beta_max=1024")
-    lines.append(f"paper_method: {yaml_flow(row.operator) if row.operator else 'null'}")
-    lines.append(f"paper: {yaml_flow(row.paper)}")
-    if row.params:
-        lines.append(f"operator: {yaml_flow(row.params)}")
-    if isinstance(row.pk, list):
-        lines.append(f"pk: {yaml_flow({'weights': row.pk})}")
-    lines += [f"{k}: {yaml_flow(v)}" for k, v in row.overrides.items()]
-    return "\n".join(lines) + "\n"
+    keys = {"paper_method": operator, "paper": paper, **({"operator": params} if params else {}),
+            **({"pk": {"weights": pk}} if isinstance(pk, list) else {}), **(overrides or {})}
+    return Row(name, title, f"/experiment/{protocol}", choices, keys, notes)
 
 
 def render() -> dict[str, str]:
@@ -266,14 +235,13 @@ def render() -> dict[str, str]:
     Raises:
         ValueError: two rows share a name.
     """
-    return render_rows(rows(), render_row)
+    return render_rows(rows(), "topk")
 
 
-def main() -> dict[str, str]:
-    """Rewrite the table folders (stale rows removed), print how many configs; returns what was written."""
-    files = write_generated(OUT, FOLDERS, render())
-    print(f"wrote {len(files)} configs under {OUT}")
-    return files
+def main(argv: Sequence[str] | None = None) -> dict[str, str]:
+    """``python -m diffrank.experiments.rows.topk [--out DIR]``: rewrite the table folders (stale rows removed);
+    returns what was written."""
+    return generate("topk", FOLDERS, render, argv)
 
 
 if __name__ == "__main__":

@@ -18,21 +18,19 @@ The Newton rows set their own λ (``newton.tikhonov``; the thesis prints none an
 training on the generated maps): :data:`TIKHONOV`, chosen on the validation EM of a 10-epoch pilot on the generated
 12 × 12 set (docs/warcraft.md, "Chapter 7 rows").
 
-Table 2.2's rows (``thesis_t2_2/``) stay hand-written. Usage: ``python -m diffrank.experiments.rows.warcraft``
-(rewrites the table folders of the checkout's ``configs/``; commit them). The test
-``tests/experiments/models/test_warcraft_experiments.py`` checks that the committed files equal :func:`render`.
+Table 2.2's rows (``thesis_t2_2/``) stay hand-written. Usage: ``python -m diffrank.experiments.rows.warcraft
+[--out DIR]`` (rewrites the table folders of the checkout's ``configs/``; commit them).
+``tests/experiments/test_rows.py`` checks that the committed files equal the generator's output.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
-from diffrank.experiments.rows.generated import render_rows, write_generated, yaml_flow
-from diffrank.registry import config_dir
+from diffrank.experiments.rows.generated import Row, generate, render_rows
 
-OUT = config_dir() / "experiment" / "warcraft"
-TABLES = ("thesis_t7_4", "thesis_t7_5", "thesis_t7_6", "thesis_t7_7")
+FOLDERS = ("thesis_t7_4", "thesis_t7_5", "thesis_t7_6", "thesis_t7_7")
 THESIS = "petersen_thesis_2022"
 # reference CSV method label -> the newton group's choice
 NEWTON = {"Regular": None, "Hessian Newton": "hessian", "Fisher Newton": "fisher"}
@@ -49,16 +47,15 @@ SAMPLES_7_6 = (6, 10, 20, 30, 60, 100)
 SETS_7_6 = (3, 10, 30, 100)
 
 
-@dataclass
-class Row:
-    """One experiment config: ``configs/experiment/warcraft/<name>.yaml``."""
-
-    name: str
-    title: str
-    algorithm: str
-    paper: dict[str, Any]
-    params: dict[str, Any] = field(default_factory=dict)  # the algorithm's parameters that define the cell
-    newton: str | None = None
+def _row(name: str, title: str, algorithm: str, paper: dict[str, Any], params: dict[str, Any] | None = None,
+         newton: str | None = None) -> Row:
+    """One Warcraft row: ``experiment=warcraft/shortest_path`` with ``algorithm`` and the parameters that define
+    its cell (``params``), and the Newton loss ``newton`` with its λ (:data:`TIKHONOV`) where the thesis has one."""
+    keys = {"paper_method": algorithm, "paper": paper,
+            **({"newton": {"tikhonov": TIKHONOV[algorithm]}} if newton else {}),
+            **({"algorithm": params} if params else {})}
+    return Row(name, f"Thesis Table {paper['table']}: {title}", "/experiment/warcraft/shortest_path",
+               {"algorithm": algorithm, **({"newton": newton} if newton else {})}, keys)
 
 
 def _suffix(method: str) -> str:
@@ -67,7 +64,7 @@ def _suffix(method: str) -> str:
 
 def table_7_4() -> list[Row]:
     """Table 7.4: relaxed Bellman-Ford (AlgoVision), loop × loss, Regular and Fisher Newton."""
-    return [Row(f"thesis_t7_4/{loop}_{loss}{_suffix(method)}",
+    return [_row(f"thesis_t7_4/{loop}_{loss}{_suffix(method)}",
                 f"relaxed Bellman-Ford, {loop} loop, {loss} loss, {method}", "relaxed_bellman_ford",
                 {"paper": THESIS, "table": "7.4", "dataset": "warcraft12", "method": method,
                  "setting": f"loop={loop};loss={loss}"}, {"loop": loop, "loss": loss}, NEWTON[method])
@@ -77,7 +74,7 @@ def table_7_4() -> list[Row]:
 def table_7_5() -> list[Row]:
     """Table 7.5: stochastic smoothing of the loss / of the algorithm, perturbed optimizer with Fenchel-Young loss;
     3 / 10 / 30 samples; the Newton losses where the thesis has them."""
-    return [Row(f"thesis_t7_5/{prefix}_s{s}{_suffix(method)}", f"{operator.replace('_', ' ')}, {s} samples, {method}",
+    return [_row(f"thesis_t7_5/{prefix}_s{s}{_suffix(method)}", f"{operator.replace('_', ' ')}, {s} samples, {method}",
                 algorithm, {"paper": THESIS, "table": "7.5", "dataset": "warcraft12", "method": method,
                             "operator": operator, "setting": f"samples={s}"}, {"samples": s}, NEWTON[method])
             for algorithm, operator, prefix, methods in FAMILIES_7_5 for method in methods for s in (3, 10, 30)]
@@ -85,7 +82,7 @@ def table_7_5() -> list[Row]:
 
 def table_7_6() -> list[Row]:
     """Table 7.6: bootstrapped RESGRO, M samples × S random K-subsets, K = M // 2."""
-    return [Row(f"thesis_t7_6/resgro_m{m}_sets{s}", f"bootstrapped RESGRO, {m} samples, {s} sets of K = {m // 2}",
+    return [_row(f"thesis_t7_6/resgro_m{m}_sets{s}", f"bootstrapped RESGRO, {m} samples, {s} sets of K = {m // 2}",
                 "resgro", {"paper": THESIS, "table": "7.6", "dataset": "warcraft12", "method": "RESGRO bootstrapped",
                            "setting": f"samples={m};sets={s}"}, {"samples": m, "subset_size": m // 2, "sets": s})
             for m in SAMPLES_7_6 for s in SETS_7_6]
@@ -93,7 +90,7 @@ def table_7_6() -> list[Row]:
 
 def table_7_7() -> list[Row]:
     """Table 7.7: one-set RESGRO, 3 / 10 / 30 / 100 samples."""
-    return [Row(f"thesis_t7_7/resgro_s{m}", f"one-set RESGRO, {m} samples", "resgro",
+    return [_row(f"thesis_t7_7/resgro_s{m}", f"one-set RESGRO, {m} samples", "resgro",
                 {"paper": THESIS, "table": "7.7", "dataset": "warcraft12", "method": "RESGRO one-set",
                  "setting": f"samples={m}"}, {"samples": m, "subset_size": None, "sets": None})
             for m in (3, 10, 30, 100)]
@@ -104,35 +101,19 @@ def rows() -> list[Row]:
     return [*table_7_4(), *table_7_5(), *table_7_6(), *table_7_7()]
 
 
-def render_row(row: Row) -> str:
-    """The yaml text of one row."""
-    lines = ["# @package _global_", f"# Thesis Table {row.paper['table']}: {row.title}.",
-             "# Generated by python -m diffrank.experiments.rows.warcraft: edit the generator, not this file.",
-             "defaults:", "  - /experiment/warcraft/shortest_path", f"  - override /algorithm: {row.algorithm}",
-             *([f"  - override /newton: {row.newton}"] if row.newton else []), "  - _self_", "",
-             f"paper_method: {row.algorithm}", f"paper: {yaml_flow(row.paper)}"]
-    if row.newton:
-        lines.append(f"newton: {{tikhonov: {yaml_flow(TIKHONOV[row.algorithm])}}}")
-    if row.params:
-        lines.append("algorithm: {" + ", ".join(f"{k}: {'null' if v is None else yaml_flow(v)}"
-                                                 for k, v in row.params.items()) + "}")
-    return "\n".join(lines) + "\n"
-
-
 def render() -> dict[str, str]:
     """``{path relative to configs/experiment/warcraft: yaml text}`` of every row.
 
     Raises:
         ValueError: two rows share a name.
     """
-    return render_rows(rows(), render_row)
+    return render_rows(rows(), "warcraft")
 
 
-def main() -> dict[str, str]:
-    """Rewrite the table folders (stale rows removed), print how many configs; returns what was written."""
-    files = write_generated(OUT, TABLES, render())
-    print(f"wrote {len(files)} configs under {OUT}")
-    return files
+def main(argv: Sequence[str] | None = None) -> dict[str, str]:
+    """``python -m diffrank.experiments.rows.warcraft [--out DIR]``: rewrite the table folders (stale rows
+    removed); returns what was written."""
+    return generate("warcraft", FOLDERS, render, argv)
 
 
 if __name__ == "__main__":
