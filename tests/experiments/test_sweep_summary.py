@@ -212,7 +212,7 @@ def test_a_failed_job_writes_the_summary_of_the_jobs_so_far(tmp_path):
 
 
 def test_global_batch_must_divide():
-    from diffrank.experiments.run.train import _per_device_batch
+    from diffrank.experiments.run.build import _per_device_batch
 
     assert _per_device_batch(64, 2) == 32 and _per_device_batch(100, 1) == 100
     with pytest.raises(ValueError, match="global batch"):
