@@ -8,7 +8,7 @@ export OMP_NUM_THREADS ?= 2
 export HF_HUB_OFFLINE ?= 1
 export WANDB_MODE ?= offline
 
-.PHONY: help install torchsort lapsum-reference train test test-slow test-all bench lint format report clean clean-outputs
+.PHONY: help install torchsort lapsum-reference train test test-library test-slow test-all bench lint format report clean clean-outputs
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -40,6 +40,9 @@ train: $(STAMP)  ## run the default experiment: operator=sinkhorn pk=half_top5 o
 test: $(STAMP)  ## the default test suite (not slow, not gpu), under 15 minutes on 2 cores
 	$(BIN)/python -m pytest -m "not slow and not gpu" $(ARGS)
 
+test-library: $(STAMP)  ## the library's tests where only its dependencies are importable (devtools/library_env.py)
+	$(BIN)/python devtools/library_env.py $(ARGS)
+
 test-slow: $(STAMP)  ## the slow tests (all sizes, sweeps, full experiments)
 	$(BIN)/python -m pytest -m "slow and not gpu" $(ARGS)
 
@@ -50,7 +53,7 @@ bench: $(STAMP)  ## benchmark tables: ours vs the peer libraries (time, peak mem
 	$(BIN)/python -m diffrank.benchmark $(ARGS)
 
 report: $(STAMP)  ## compare the archived runs (results/) and every results.json under outputs/ with the papers' tables
-	$(BIN)/python -m diffrank.experiments.report results $(wildcard outputs) $(ARGS)
+	$(BIN)/python -m diffrank.experiments.analysis.report results $(wildcard outputs) $(ARGS)
 
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check .

@@ -2,8 +2,8 @@
 
 import hydra
 
-from diffrank.experiments.sweeps import register_resolvers
-from diffrank.experiments.train import run
+from diffrank.experiments.run.resolvers import register_resolvers
+from diffrank.experiments.run.train import run
 
 register_resolvers()  # ${beta_grid:…} and ${short_hash:…} must exist before Hydra resolves a sweep
 

@@ -17,10 +17,10 @@ fi
 PY=${PY:-.venv/bin/python}
 export OMP_NUM_THREADS=1
 COMMON="paths.data_dir=$DATA data.batch_size=20 data.val_sets=500 data.test_sets=2000 trainer.val_check_interval=200 trainer.log_every_n_steps=50 trainer.enable_progress_bar=false"
-$PY -m diffrank.experiments.throughput sorting --data-dir "$DATA" --batch 20 --steps 20 \
+$PY -m diffrank.experiments.tools.throughput sorting --data-dir "$DATA" --batch 20 --steps 20 \
   sorting/thesis_t3_7/odd_even_cauchy_n5 sorting/thesis_t3_7/odd_even_art_n5 sorting/thesis_t3_3/bitonic_art_n4 sorting/thesis_t3_7/neuralsort_n5 \
   sorting/thesis_t7_3/softsort_n5 sorting/thesis_t3_7/sinkhorn_n5 sorting/lapsum_t4/lapsum_n5
-$PY -m diffrank.experiments.throughput sorting --data-dir "$DATA" --batch 100 --steps 5 sorting/thesis_t3_7/odd_even_cauchy_n5
+$PY -m diffrank.experiments.tools.throughput sorting --data-dir "$DATA" --batch 100 --steps 5 sorting/thesis_t3_7/odd_even_cauchy_n5
 $PY train.py experiment=sorting/thesis_t3_7/odd_even_cauchy_n5 $COMMON trainer.max_steps=1600
 for e in sorting/thesis_t3_7/odd_even_art_n5 sorting/thesis_t3_3/bitonic_art_n4 sorting/thesis_t3_7/neuralsort_n5 sorting/thesis_t7_3/softsort_n5 \
          sorting/thesis_t3_7/sinkhorn_n5 sorting/lapsum_t4/lapsum_n5; do

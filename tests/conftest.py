@@ -1,4 +1,9 @@
-"""Shared fixtures: offline environment, config composition (lightning-hydra-template style)."""
+"""Shared fixtures: offline environment, config composition (lightning-hydra-template style).
+
+The library's tests (tests/operators, tests/losses, tests/test_functional.py, tests/kernels) collect and run with
+the library's dependencies alone: nothing here imports the experiment framework (Hydra, OmegaConf, Lightning) at
+module level; :func:`make_compose` imports it when a framework test asks for a config.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +13,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from diffrank.experiments.sweeps import register_resolvers
-
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 if not torch.cuda.is_available():  # Triton kernels run on CPU tensors through the interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-register_resolvers()  # the configs' ${beta_grid:…} / ${short_hash:…}, as train.py registers them
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
-SHARED_DATA = ROOT.parent / "shared" / "data"  # real MNIST on the development machine, if present
+# real data sets (MNIST/raw/, …) for the tests that need them, the folder the configs read (paths.data_dir);
+# those tests skip without it
+DATA = Path(os.environ["DIFFRANK_DATA"]) if os.environ.get("DIFFRANK_DATA") else None
+
+
+def real_data(*parts: str):
+    """``skipif`` marker of a test that needs ``$DIFFRANK_DATA/<parts>`` (a folder of a real data set)."""
+    return pytest.mark.skipif(DATA is None or not DATA.joinpath(*parts).is_dir(),
+                              reason=f"needs $DIFFRANK_DATA/{'/'.join(parts)} (a real data set)")
 
 
 def options(group: str) -> list[str]:
@@ -44,6 +54,10 @@ def make_compose(tmp_path):
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
+
+    from diffrank.experiments.run.resolvers import register_resolvers
+
+    register_resolvers()  # the configs' ${beta_grid:…} / ${short_hash:…}, as train.py registers them
 
     def _compose(overrides: list[str], fast: bool = True):
         GlobalHydra.instance().clear()

@@ -24,8 +24,8 @@ def _imports(path):
             yield from (a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             yield node.module
-            if node.module == "diffrank":
-                yield from (f"diffrank.{a.name}" for a in node.names)
+            if node.module == "diffrank" or node.module.startswith("diffrank."):  # from diffrank.x import module
+                yield from (f"{node.module}.{a.name}" for a in node.names)
 
 
 def test_library_files_found():
@@ -38,3 +38,51 @@ def test_no_upward_import(path):
     banned = [f for f in FRAMEWORK if not ("benchmark" in path.parts and f in TOOLS)]
     bad = [m for m in _imports(path) if any(m == f or m.startswith(f + ".") for f in banned)]
     assert not bad, f"{path.relative_to(ROOT)} imports {bad}: the library layer must not"
+
+
+# The framework (src/diffrank/experiments) by concern: what runs during a training job (run/ and the parts it builds:
+# algorithms, callbacks, data, metrics, models), the record it writes (records/), what reads records afterwards
+# (analysis/), the row configs of the paper tables (rows/) and the command-line tools around runs (tools/).
+EXPERIMENTS = ROOT / "src" / "diffrank" / "experiments"
+# concern -> the concerns it must not import (not even lazily inside a function)
+FORBIDDEN = {
+    "run": ("analysis", "rows", "tools"),
+    "records": ("run", "analysis", "rows", "tools"),
+    "analysis": ("run",),
+}
+# The one exception, lazy and optional: with a W&B logger, a job logs its own row of the paper comparison
+# (run/loggers.py: paper_comparison) through the report's matcher. The matcher of one record against its reference
+# row belongs below both (records/, next to RunRecord's paper cell) once the report reads RunRecords (issue 36,
+# "one record path"); then this entry goes.
+ALLOWED = {("run/loggers.py", "diffrank.experiments.analysis.report")}
+CONCERN_FILES = sorted((concern, p) for concern in FORBIDDEN for p in (EXPERIMENTS / concern).rglob("*.py"))
+
+
+def _concern_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["diffrank", "experiments"] and len(parts) > 2 else None
+
+
+def test_concern_files_found():
+    names = {p.relative_to(EXPERIMENTS).as_posix() for _, p in CONCERN_FILES}
+    assert {"run/train.py", "run/resolvers.py", "records/record.py", "analysis/report.py"} <= names
+    # every module of the framework sits in a concern folder (or is a deprecated alias of a moved one)
+    top = {p.name for p in EXPERIMENTS.glob("*.py") if p.name != "__init__.py"}
+    assert all("Deprecated alias" in (EXPERIMENTS / n).read_text(encoding="utf-8") for n in top), sorted(top)
+
+
+@pytest.mark.parametrize(("concern", "path"), CONCERN_FILES,
+                         ids=lambda x: x.relative_to(ROOT).as_posix() if hasattr(x, "relative_to") else x)
+def test_concerns_import_downward_only(concern, path):
+    rel = path.relative_to(EXPERIMENTS).as_posix()
+    bad = sorted({m for m in _imports(path) if _concern_of(m) in FORBIDDEN[concern]
+                  and not any(rel == f and (m == mod or m.startswith(mod + ".")) for f, mod in ALLOWED)})
+    assert not bad, f"{rel} imports {bad}: {concern}/ must not import {', '.join(FORBIDDEN[concern])}"
+
+
+@pytest.mark.parametrize("path", [p for p in LIBRARY if "benchmark" not in p.parts],
+                         ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_library_does_not_import_the_benchmarks(path):
+    """The benchmarks sit beside the library (they import it and the peers); the library never needs them."""
+    bad = [m for m in _imports(path) if m == "diffrank.benchmark" or m.startswith("diffrank.benchmark.")]
+    assert not bad, f"{path.relative_to(ROOT)} imports {bad}"

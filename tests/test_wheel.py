@@ -55,7 +55,7 @@ EXPERIMENTS = textwrap.dedent("""
     import sys
     from hydra import compose, initialize_config_dir
     from diffrank.registry import config_dir
-    from diffrank.experiments.train import main  # the diffrank-train entry point imports
+    from diffrank.experiments.run.train import main  # the diffrank-train entry point imports
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = compose(config_name="train", overrides=["experiment=sorting/thesis_t3_5/bitonic_lambda04_n32_b4"])
     assert cfg.data.n == 32 and cfg.operator._target_.endswith("ComparatorNetwork"), cfg.operator

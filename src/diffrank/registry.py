@@ -1,6 +1,6 @@
 """The config folder as a registry, without Hydra: where ``configs/`` is, what a group offers, and building an
 object from a ``_target_`` node (the library's :func:`diffrank.operators.load` uses it; the experiment
-framework builds with Hydra's ``instantiate``, :mod:`diffrank.experiments.instantiate`).
+framework builds with Hydra's ``instantiate``, :mod:`diffrank.experiments.run.instantiate`).
 
 ``configs/`` lives at the top of the repository and ships inside the wheel as ``diffrank.configs`` (package
 data), so a checkout, an editable install and an installed wheel all find the same files.
@@ -96,5 +96,5 @@ def build(node: Any) -> Any:
         return [build(v) for v in node]
     if isinstance(node, str) and "${" in node:
         raise ValueError(f"'{node}' is an interpolation: build this config with the experiment framework "
-                         "(diffrank.experiments.instantiate) or pass the value explicitly")
+                         "(diffrank.experiments.run.instantiate) or pass the value explicitly")
     return node

@@ -1,4 +1,4 @@
-"""Run archives (diffrank.experiments.archive): records kept in the repository give the report the same lines as
+"""Run archives (diffrank.experiments.records.archive): records kept in the repository give the report the same lines as
 the run folders they came from, each run once."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from diffrank.experiments import archive, report
+from diffrank.experiments.analysis import report
+from diffrank.experiments.records import archive
 
 CAUCHY5 = {"paper": "petersen_thesis_2022", "table": "3.7", "dataset": "mnist4", "method": "Cauchy CDF",
            "network": "odd_even", "n": 5}

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from diffrank.experiments import cells
-from diffrank.experiments.record import RunRecord
+from diffrank.experiments.records.record import RunRecord
+from diffrank.experiments.tools import cells
 
 
 def test_jobs_cross_grid_and_seeds(tmp_path):
@@ -36,7 +36,7 @@ def test_job_state_and_resume_command(tmp_path):
 def test_queue_skips_finished_and_counts(tmp_path, monkeypatch):
     q = cells.jobs("e", [0, 1, 2], [], [], tmp_path)
     RunRecord(status="done").write(q[0].folder / "results.json")
-    fake = ("import sys, pathlib; from diffrank.experiments.record import RunRecord; "
+    fake = ("import sys, pathlib; from diffrank.experiments.records.record import RunRecord; "
             "d = pathlib.Path(sys.argv[1]); RunRecord(status='done' if d.name != 'seed2' else 'failed')"
             ".write(d / 'results.json')")
     monkeypatch.setattr(cells.Job, "command", lambda self: [sys.executable, "-c", fake, str(self.folder)])

@@ -1,4 +1,4 @@
-"""The paper report (diffrank.experiments.report) on synthetic results.json files, checked cell by cell."""
+"""The paper report (diffrank.experiments.analysis.report) on synthetic results.json files, checked cell by cell."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import pytest
 
 from diffrank import reference
-from diffrank.experiments import report
+from diffrank.experiments.analysis import report
 
 CAUCHY5 = {"paper": "petersen_thesis_2022", "table": "3.7", "dataset": "mnist4", "method": "Cauchy CDF",
            "network": "odd_even", "n": 5}

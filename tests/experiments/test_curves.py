@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from diffrank.experiments import curves
-from diffrank.experiments.record import RunRecord
+from diffrank.experiments.analysis import curves
+from diffrank.experiments.records.record import RunRecord
 
 
 def _log(run, version, rows):

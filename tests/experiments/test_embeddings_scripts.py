@@ -1,4 +1,4 @@
-"""diffrank.experiments.convert_embeddings, .extract_embeddings and the ImageNet head protocols on tiny caches.
+"""diffrank.experiments.tools.convert_embeddings, .extract_embeddings and the ImageNet head protocols on tiny caches.
 
 Conversion: each released key scheme (a dict written with torch.save, zip and legacy formats) and our own
 format round-trip. Extraction: a tiny ImageFolder of 32x32 PNGs through a random-weight timm ``resnet10t``,
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from diffrank.experiments import convert_embeddings, extract_embeddings
 from diffrank.experiments.data.embeddings import open_split
-from diffrank.experiments.train import train
+from diffrank.experiments.run.train import train
+from diffrank.experiments.tools import convert_embeddings, extract_embeddings
 from experiments.data.embedding_files import FOLDERS, PAPER_KEYS, write_embedding_cache, write_paper_pickle
 
 

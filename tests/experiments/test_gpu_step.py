@@ -222,7 +222,7 @@ def test_trainer_gpu_config(compose_train):
 def test_bf16_mixed_sorting_step_on_cpu(compose_train):
     """One fast_dev_run of the thesis' odd-even Cauchy n = 5 setting under bf16 autocast (Lightning runs
     bf16-mixed on the CPU too): finite float32 losses, the operator and loss computed in float32."""
-    from diffrank.experiments.train import train
+    from diffrank.experiments.run.train import train
 
     cfg = compose_train(["experiment=sorting/thesis_t3_7/odd_even_cauchy_n5", "data=digits_sort", "trainer=cpu",
                          "trainer.precision=bf16-mixed"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from diffrank.experiments.train import train
+from diffrank.experiments.run.train import train
 
 NEW = ["sparse_soft_topk", "dftopk"]
 SMALL = ["data.n_train=256", "data.n_val=128", "data.n_test=128", "data.batch_size=64"]

@@ -15,7 +15,7 @@ import pytest
 _CHILD = """
 import resource, sys
 import torch
-from diffrank.experiments.malloc import keep_freed_memory
+from diffrank.experiments.run.malloc import keep_freed_memory
 applied = keep_freed_memory() if sys.argv[1] == "on" else None
 for _ in range(12):  # 64 MiB blocks; glibc's heap settles after a few (alignment padding), not counted
     torch.empty(16 << 20, dtype=torch.float32).fill_(1.0)
@@ -49,14 +49,14 @@ def test_process_settings_apply_the_malloc_switch_to_cpu_runs_only(monkeypatch, 
 
     from omegaconf import OmegaConf
 
-    import diffrank.experiments.train as train_mod
+    import diffrank.experiments.run.process as process
 
     calls = []
-    monkeypatch.setattr(train_mod, "keep_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(process, "keep_freed_memory", lambda: calls.append(1) or True)
     cfg = OmegaConf.create({"extras": {"keep_freed_memory": True, "ignore_warnings": False},
                             "trainer": {"accelerator": accelerator}})
     with warnings.catch_warnings():
-        applied = train_mod.apply_process_settings(cfg)
+        applied = process.apply_process_settings(cfg)
         filters = list(warnings.filters)
     assert applied == {"ignore_warnings": False, "keep_freed_memory": expected}
     assert len(calls) == int(expected)
@@ -67,10 +67,11 @@ def test_train_itself_changes_no_process_setting(compose_train, monkeypatch):
     """train() is a library function: no warning filter, no malloc switch (only the script entry applies them)."""
     import warnings
 
-    import diffrank.experiments.train as train_mod
+    import diffrank.experiments.run.process as process
+    import diffrank.experiments.run.train as train_mod
 
     calls = []
-    monkeypatch.setattr(train_mod, "keep_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(process, "keep_freed_memory", lambda: calls.append(1) or True)
     cfg = compose_train(["extras.ignore_warnings=true"])
     with warnings.catch_warnings():
         before = list(warnings.filters)

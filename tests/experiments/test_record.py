@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from diffrank.experiments.record import SCHEMA, RunRecord, compute_environment, cpu_model, device_description
+from diffrank.experiments.records.record import SCHEMA, RunRecord, compute_environment, cpu_model, device_description
 
 
 def test_compute_environment_records_what_decides_the_bits(monkeypatch):

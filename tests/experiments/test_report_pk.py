@@ -1,4 +1,5 @@
-"""The P_K × method report (diffrank.experiments.report_pk and its command line) on synthetic results.json files."""
+"""The P_K × method report (diffrank.experiments.analysis.report_pk and its command line) on synthetic results.json
+files."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import json
 
 import pytest
 
-from diffrank.experiments import report, report_pk
-from diffrank.experiments.report_pk import (
+from diffrank.experiments.analysis import report, report_pk
+from diffrank.experiments.analysis.report_pk import (
     CLAIMS,
     canonical_pk,
     check_orderings,

@@ -7,8 +7,8 @@ from __future__ import annotations
 from omegaconf import OmegaConf
 
 from diffrank import reference
-from diffrank.experiments import report
-from diffrank.experiments.record import RunRecord
+from diffrank.experiments.analysis import report
+from diffrank.experiments.records.record import RunRecord
 
 CPU = "cpu (AMD EPYC 7763 64-Core Processor, AVX2, 1 thread)"
 H100 = "NVIDIA H100 80GB HBM3 (CUDA 12.4, cuDNN 90100)"
@@ -17,7 +17,7 @@ _COMPOSED: dict[tuple, tuple[dict, dict]] = {}
 
 
 def _run(compose, root, name, row, metrics, *overrides, seed=0, device=CPU, steps=None):
-    """Write ``root/name/results.json`` as :func:`diffrank.experiments.train.make_record` would for the row
+    """Write ``root/name/results.json`` as :func:`diffrank.experiments.run.train.make_record` would for the row
     ``experiment=<row>`` with ``overrides``: its paper key, unresolved config, Hydra overrides, seed, device and
     budget (``steps`` optimizer steps, default the config's ``trainer.max_steps``, × ``data.batch_size``)."""
     task = [f"experiment={row}", f"seed={seed}", *overrides]

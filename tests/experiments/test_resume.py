@@ -15,7 +15,7 @@ import torch
 from omegaconf import open_dict
 
 from diffrank.experiments.models.classifier import TopKClassifier
-from diffrank.experiments.train import run, train
+from diffrank.experiments.run.train import run, train
 
 SMALL = ["data.n_train=1024", "data.n_val=256", "data.n_test=256", "data.batch_size=64",  # 16 steps per epoch
          "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "~logger",

@@ -1,4 +1,4 @@
-"""diffrank.experiments.throughput sorting (and scripts/sorting_throughput.py) on tiny MNIST files: one line per
+"""diffrank.experiments.tools.throughput sorting (and scripts/sorting_throughput.py) on tiny MNIST files: one line per
 experiment after a header with the thread count and precision, positive rates in 32-true and bf16-mixed; no
 timing is asserted."""
 
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from diffrank.experiments import throughput
+from diffrank.experiments.tools import throughput
 from experiments.data.image_files import write_mnist
 
 EXPERIMENT = "sorting/thesis_t3_7/neuralsort_n5"

@@ -1,6 +1,6 @@
-"""diffrank.experiments.sweeps (summary CSV, plot, best configuration), the β grid resolver, skip-finished, the
-Optuna resume count of the Hydra callback and the W&B paper rows, on synthetic files (fast; the real multiruns are in
-tests/experiments/test_sweeps.py)."""
+"""diffrank.experiments.analysis.sweep_summary (summary CSV, plot, best configuration), the β grid resolver,
+skip-finished, the Optuna resume count of the Hydra callback and the W&B paper rows, on synthetic files (fast; the
+real multiruns are in tests/experiments/test_sweeps.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from diffrank.experiments import sweeps
-from diffrank.experiments.record import RunRecord
+from diffrank.experiments.analysis import sweep_summary as sweeps
+from diffrank.experiments.records.record import RunRecord
+from diffrank.experiments.run import resolvers
 
 CAUCHY5 = {"paper": "petersen_thesis_2022", "table": "3.7", "dataset": "mnist4", "method": "Cauchy CDF",
            "network": "odd_even", "n": 5}
@@ -48,12 +49,12 @@ def _synthetic_sweep(root):
 
 
 def test_beta_grid_is_factor_two_and_checks_its_bounds():
-    assert sweeps.beta_grid(0.0625, 16) == [2.0**k for k in range(-4, 5)]
-    assert sweeps.beta_grid(1, 1) == [1.0]
-    assert sweeps.beta_grid(1, 7) == [1.0, 2.0, 4.0]  # stops below a bound that is not on the grid
+    assert resolvers.beta_grid(0.0625, 16) == [2.0**k for k in range(-4, 5)]
+    assert resolvers.beta_grid(1, 1) == [1.0]
+    assert resolvers.beta_grid(1, 7) == [1.0, 2.0, 4.0]  # stops below a bound that is not on the grid
     for bad in ((0, 1), (-1, 2), (2, 1), (float("nan"), 1), (1, float("inf")), (1e-30, 1e30)):
         with pytest.raises(ValueError):
-            sweeps.beta_grid(*bad)
+            resolvers.beta_grid(*bad)
 
 
 def test_beta_grid_resolver_gives_a_sweep_list(compose_train):
@@ -121,7 +122,7 @@ def test_sweep_report_command_line(tmp_path, capsys):
 
 
 def test_finished_record_needs_same_overrides_done_and_multirun(tmp_path):
-    from diffrank.experiments.train import finished_record
+    from diffrank.experiments.run.train import finished_record
 
     cfg = OmegaConf.create({"skip_finished": True, "paths": {"output_dir": str(tmp_path)}, "train": True,
                             "optimized_metric": "val/em5"})
@@ -143,7 +144,7 @@ def test_finished_record_needs_same_overrides_done_and_multirun(tmp_path):
 
 
 def test_finished_record_ignores_the_order_of_the_overrides(tmp_path):
-    from diffrank.experiments.train import finished_record
+    from diffrank.experiments.run.train import finished_record
 
     cfg = OmegaConf.create({"skip_finished": True, "paths": {"output_dir": str(tmp_path)}, "train": True,
                             "optimized_metric": "val/em5"})
@@ -154,22 +155,22 @@ def test_finished_record_ignores_the_order_of_the_overrides(tmp_path):
 
 def test_job_folders_are_named_after_the_config():
     """Issue 25 item 1: ``subdir: ${hydra.job.num}`` put beta=1 of one grid and beta=4 of the next in one folder."""
-    a = sweeps.job_dir_name("operator.beta=1,operator=softsort")
+    a = resolvers.job_dir_name("operator.beta=1,operator=softsort")
     assert a.startswith("operator.beta=1,operator=softsort_") and len(a) == len("operator.beta=1,operator=softsort") + 9
-    assert a == sweeps.job_dir_name("operator.beta=1,operator=softsort")  # the same config: the same folder
-    assert a != sweeps.job_dir_name("operator.beta=4,operator=softsort")
+    assert a == resolvers.job_dir_name("operator.beta=1,operator=softsort")  # the same config: the same folder
+    assert a != resolvers.job_dir_name("operator.beta=4,operator=softsort")
     long = "experiment=sorting/thesis_t3_5/bitonic_lambda04_n32_b4," + ",".join(f"k{i}=v" for i in range(40))
-    name = sweeps.job_dir_name(long)
-    assert "/" not in name and len(name) == 96 + 9 and name != sweeps.job_dir_name(long + "x")
-    assert sweeps.job_dir_name("").startswith("defaults_")
+    name = resolvers.job_dir_name(long)
+    assert "/" not in name and len(name) == 96 + 9 and name != resolvers.job_dir_name(long + "x")
+    assert resolvers.job_dir_name("").startswith("defaults_")
     OmegaConf.clear_resolver("job_dir")
-    sweeps.register_resolvers()
+    resolvers.register_resolvers()
     cfg = OmegaConf.create({"o": "operator.beta=1,operator=softsort", "d": "${job_dir:${o}}"})
     assert cfg.d == a
 
 
 def test_repeated_multirun_job_resumes_its_own_last_checkpoint(tmp_path, monkeypatch):
-    from diffrank.experiments.train import _resume_path
+    from diffrank.experiments.run.train import _resume_path
 
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
     cfg = OmegaConf.create({"skip_finished": True, "paths": {"output_dir": str(tmp_path)}, "train": True,
@@ -211,7 +212,7 @@ def test_a_failed_job_writes_the_summary_of_the_jobs_so_far(tmp_path):
 
 
 def test_global_batch_must_divide():
-    from diffrank.experiments.train import _per_device_batch
+    from diffrank.experiments.run.build import _per_device_batch
 
     assert _per_device_batch(64, 2) == 32 and _per_device_batch(100, 1) == 100
     with pytest.raises(ValueError, match="global batch"):
@@ -244,7 +245,7 @@ def test_optuna_resume_runs_only_the_missing_trials(tmp_path):
 
 
 def test_wandb_group_tags_and_paper_rows():
-    from diffrank.experiments.loggers import paper_comparison, wandb_group, wandb_offline_default, wandb_tags
+    from diffrank.experiments.run.loggers import paper_comparison, wandb_group, wandb_offline_default, wandb_tags
 
     assert wandb_group(CAUCHY5, "2026-01-01_00-00-00-000000", "t") == "petersen_thesis_2022 Table 3.7"
     assert wandb_group(None, "sw", "train") == "train/sw" and wandb_group(None, None, "train") == "train"
@@ -263,7 +264,7 @@ def test_wandb_group_tags_and_paper_rows():
 
 
 def test_wandb_offline_without_a_key(monkeypatch, tmp_path):
-    from diffrank.experiments.loggers import wandb_api_key_configured, wandb_offline_default
+    from diffrank.experiments.run.loggers import wandb_api_key_configured, wandb_offline_default
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)

@@ -1,4 +1,4 @@
-"""The report of Petersen et al. 2022 Tables 1-6 (diffrank.experiments.report) on synthetic
+"""The report of Petersen et al. 2022 Tables 1-6 (diffrank.experiments.analysis.report) on synthetic
 results.json files of the generated rows, checked cell by cell: one section per table, the paper's decimals
 (ImageNet-1K top-5: three), the β selection of swept SinkhornSort rows, Table 5's literature rows."""
 
@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import CONFIGS
-from diffrank.experiments import report as compare
+from diffrank.experiments.analysis import report as compare
 
 PAPER = "petersen_difftopk_icml2022"
 

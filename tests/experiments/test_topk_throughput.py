@@ -1,11 +1,11 @@
-"""diffrank.experiments.throughput runs both top-k measurements (CIFAR ResNet-18 step, ImageNet linear head) on tiny
-sizes and reports positive rates; no timing is asserted."""
+"""diffrank.experiments.tools.throughput runs both top-k measurements (CIFAR ResNet-18 step, ImageNet linear head) on
+tiny sizes and reports positive rates; no timing is asserted."""
 
 from __future__ import annotations
 
 import math
 
-from diffrank.experiments import throughput
+from diffrank.experiments.tools import throughput
 
 
 def test_cifar_and_head_measurements():

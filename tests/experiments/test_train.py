@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import ROOT, options
-from diffrank.experiments.train import train
+from diffrank.experiments.run.train import train
 from diffrank.operators import load
 
 SMALL = ["data.n_train=256", "data.n_val=128", "data.n_test=128", "data.batch_size=64"]
@@ -149,11 +149,24 @@ def test_model_and_data_that_do_not_fit_name_the_fix(compose_train):
 
 def test_run_that_never_validates_fails_and_says_why(compose_train, tmp_path):
     """trainer.max_steps=2 ends before the first validation: a clear KeyError and a "failed" record, not "done"."""
-    from diffrank.experiments.record import RunRecord
-    from diffrank.experiments.train import run
+    from diffrank.experiments.records.record import RunRecord
+    from diffrank.experiments.run.train import run
 
     cfg = compose_train(["trainer.max_steps=2", "trainer.enable_progress_bar=false", *SMALL], fast=False)
     with pytest.raises(KeyError, match="ended before its first validation"):
         run(cfg)
     rec = RunRecord.read(tmp_path / "results.json")
     assert rec.status == "failed" and "first validation" in rec.error
+
+
+def test_smooth_topk_loss_configs(compose_train):
+    """The configs of the smooth top-k SVM losses (Berrada et al., ICLR 2018) build the library's classes with
+    their defaults (k = 5, τ = 1) and read neither ``${operator}`` nor ``${pk}``."""
+    from diffrank.experiments.run.instantiate import instantiate
+    from diffrank.losses.smooth_topk import SmoothHardTopKLoss, SmoothTopKLoss
+
+    for name, cls in (("smooth_topk", SmoothTopKLoss), ("smooth_hard_topk", SmoothHardTopKLoss)):
+        cfg = compose_train([f"loss={name}"])
+        assert "operator" not in cfg.loss and "p_k" not in cfg.loss
+        built = instantiate(cfg.loss)
+        assert type(built) is cls and built.k == 5 and built.tau == 1.0

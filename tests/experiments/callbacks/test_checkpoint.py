@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from diffrank.experiments.instantiate import instantiate
+from diffrank.experiments.run.instantiate import instantiate
 
 
 class Scripted(L.LightningModule):

@@ -12,7 +12,7 @@ from omegaconf import open_dict
 
 from conftest import make_compose
 from diffrank.experiments.callbacks.run_identity import KEY, check_checkpoint, differences
-from diffrank.experiments.train import train
+from diffrank.experiments.run.train import train
 
 SMALL = ["data.n_train=256", "data.n_val=128", "data.n_test=128", "data.batch_size=64", "trainer.max_epochs=1",
          "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "~logger",

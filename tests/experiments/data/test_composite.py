@@ -167,7 +167,7 @@ SAMPLE = [f"{BENCH}/softmax_top1", f"{BENCH}/neuralsort_half_top5"]
 
 
 def test_rows_cover_the_pk_grid():
-    from diffrank.experiments.report_pk import canonical_pk, parse_pk
+    from diffrank.experiments.analysis.report_pk import canonical_pk, parse_pk
 
     cells = set()
     for name in ROWS:
@@ -187,8 +187,8 @@ def test_rows_cover_the_pk_grid():
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in SAMPLE else pytest.mark.slow) for n in ROWS])
 def test_rows_run(compose_train, root, name):
-    from diffrank.experiments.report_pk import run_from_record
-    from diffrank.experiments.train import train
+    from diffrank.experiments.analysis.report_pk import run_from_record
+    from diffrank.experiments.run.train import train
 
     cfg = compose_train([f"experiment={name}", f"paths.data_dir={root}", "data.n_train=64", "data.n_val=32",
                          "data.n_test=32", "data.val_size=60", "data.batch_size=16"])

@@ -97,7 +97,8 @@ def test_sampler_sorted_batches_seeded_by_seed_and_epoch():
 
 def test_missing_cache_names_the_files_and_the_scripts(tmp_path):
     dm = EmbeddingDataModule(str(tmp_path), "nothing", CLASSES, DIM)
-    hint = "run python -m diffrank.experiments.extract_embeddings or python -m diffrank.experiments.convert_embeddings"
+    hint = ("run python -m diffrank.experiments.tools.extract_embeddings or "
+            "python -m diffrank.experiments.tools.convert_embeddings")
     with pytest.raises(FileNotFoundError, match=hint) as err:
         dm.setup()
     assert "index.json" in str(err.value) and "train_embeddings.npy" in str(err.value)

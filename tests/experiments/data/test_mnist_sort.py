@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import SHARED_DATA
+from conftest import DATA, real_data
 from diffrank.experiments.data.mnist_sort import MNIST_FILES, MultiDigitSortDataModule, load_mnist, number_values
 
 N_TRAIN, N_TEST = 60, 20
@@ -130,9 +130,9 @@ def test_digits_sort_pools_are_disjoint_and_values_match():
     assert torch.allclose(x[0, 1, 0, :, 16:24], pool.images[ds.idx[0, 1, 2]].float())
 
 
-@pytest.mark.skipif(not (SHARED_DATA / "MNIST" / "raw").is_dir(), reason="real MNIST not on this machine")
+@real_data("MNIST", "raw")
 def test_real_mnist_splits_and_numbers():
-    dm = MultiDigitSortDataModule(n=5, data_dir=SHARED_DATA, val_sets=50, test_sets=50, batch_size=10)
+    dm = MultiDigitSortDataModule(n=5, data_dir=DATA, val_sets=50, test_sets=50, batch_size=10)
     dm.setup()
     assert [len(dm.pools[s]) for s in ("train", "val", "test")] == [55000, 5000, 10000]
     assert int(dm.pools["train"].source_indices.max()) == 54999 and int(dm.pools["val"].source_indices.min()) == 55000

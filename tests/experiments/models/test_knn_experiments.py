@@ -7,12 +7,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import CONFIGS, SHARED_DATA, options
+from conftest import CONFIGS, DATA, options, real_data
 from diffrank import reference
 from diffrank.experiments.models.autoencoder import ConvAutoEncoder
 from diffrank.experiments.models.knn import KNNClassifier
 from diffrank.experiments.models.nets import CifarResNet18, PCAFeatures, TwoLayerConvNet
-from diffrank.experiments.train import train
+from diffrank.experiments.run.train import train
 from diffrank.losses.knn import NeighbourLoss
 from diffrank.operators import load
 from experiments.data.image_files import write_cifar10, write_mnist
@@ -140,11 +140,11 @@ def test_feature_nets_have_the_papers_sizes():
     assert z.shape == (50, 3) and torch.allclose(z.mean(0), torch.zeros(3), atol=1e-5)
 
 
-@pytest.mark.skipif(not (SHARED_DATA / "MNIST" / "raw").is_dir(), reason="real MNIST not present")
+@real_data("MNIST", "raw")
 def test_real_mnist_pixels_baseline_matches_its_published_range(compose_train):
     """kNN (k = 9) on raw pixels of the real MNIST: Grover et al. report 97.2 %; test on the first 1 000
     test images only (limit_test_batches) to stay fast."""
-    cfg = compose_train(["experiment=knn/soft_topk_t1/mnist_pixels", f"paths.data_dir={SHARED_DATA}",
+    cfg = compose_train(["experiment=knn/soft_topk_t1/mnist_pixels", f"paths.data_dir={DATA}",
                          "trainer.limit_val_batches=1", "trainer.limit_test_batches=1"], fast=False)
     cfg.trainer.enable_progress_bar = False
     cfg.callbacks = {k: v for k, v in cfg.callbacks.items() if k != "rich_progress_bar"}

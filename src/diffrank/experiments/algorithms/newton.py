@@ -4,7 +4,7 @@ An algorithm of ``configs/algorithm/`` is the run's loss (``algorithm.loss(costs
 Newton loss (:class:`~diffrank.losses.newton.NewtonLoss`) needs a loss of a ``(B, d)`` output. :class:`AlgorithmLoss`
 is that loss on the costs flattened to d = k² (144 for 12 × 12 maps), and :class:`NewtonAlgorithm` the algorithm
 the module trains with: its loss is the Newton loss ½‖z* − c‖² with z* = c − (M + λI)⁻¹ g per map. ``newton=<variant>``
-on a Warcraft run builds it (``diffrank.experiments.train.build``).
+on a Warcraft run builds it (``diffrank.experiments.run.train.build``).
 
 Derivatives: an algorithm with its own ``per_sample_derivatives`` (stochastic smoothing of the loss, the perturbed
 optimizer's Fenchel-Young loss) provides the estimates; the others (relaxed Bellman-Ford, smoothing of the algorithm)

@@ -7,14 +7,15 @@
   stopped search run again into the same ``hydra.sweep.dir``), lowers ``hydra.sweeper.n_trials`` by the trials
   the study has finished, so that ``n_trials`` stays the size of the whole search (the sweeper itself would run
   ``n_trials`` more);
-- ``on_multirun_end``: :func:`diffrank.experiments.sweeps.summarize` (``sweep_summary.csv``, ``sweep.png``,
-``best.yaml``),
+- ``on_multirun_end``: :func:`diffrank.experiments.analysis.sweep_summary.summarize` (``sweep_summary.csv``,
+  ``sweep.png``, ``best.yaml``),
   prints the best configuration, and with a W&B logger logs the plot, the summary table and the best
   configuration as one W&B run of job type ``sweep`` in the sweep's group.
 
 Hydra calls ``on_multirun_end`` only when every job succeeded (a failed job makes the sweeper raise at the end):
 from the first failed job on, ``on_job_end`` writes the summary after every job instead (the failed jobs listed
-with their errors). ``python -m diffrank.experiments.sweeps SWEEP_DIR`` writes the same files at any time.
+with their errors). ``python -m diffrank.experiments.analysis.sweep_summary SWEEP_DIR`` writes the same files at any
+time.
 """
 
 from __future__ import annotations
@@ -104,13 +105,13 @@ class SweepSummary(Callback):
 
 
     def _summarize(self, sweep_dir: Path, note: str = "") -> dict[str, Any] | None:
-        from diffrank.experiments.sweeps import format_report, summarize
+        from diffrank.experiments.analysis.sweep_summary import format_report, summarize
 
         try:
             summary = summarize(sweep_dir, self.metric, self.mode)
         except Exception:  # a summary must never turn a finished sweep into a failed command
-            log.exception("sweep summary of %s failed; run python -m diffrank.experiments.sweeps %s", sweep_dir,
-                          sweep_dir)
+            log.exception("sweep summary of %s failed; run python -m diffrank.experiments.analysis.sweep_summary %s",
+                          sweep_dir, sweep_dir)
             return None
         log.info("%s%s", f"{note}:\n" if note else "", format_report(summary))
         return summary
@@ -122,7 +123,7 @@ def log_sweep_to_wandb(config: DictConfig, summary: dict[str, Any]) -> None:
     import pandas as pd
     import wandb
 
-    from diffrank.experiments.loggers import wandb_group, wandb_offline_default
+    from diffrank.experiments.run.loggers import wandb_group, wandb_offline_default
 
     wcfg = next(c for c in config.logger.values() if str(c.get("_target_", "")).endswith("WandbLogger"))
     sweep_dir = Path(summary["sweep_dir"])

@@ -46,7 +46,7 @@ def run_identity(cfg: DictConfig, choices: dict[str, Any]) -> dict[str, Any]:
     """The identity of a run as :data:`KEY` stores it in its checkpoints (JSON-like; no tensors).
 
     Args:
-        cfg: the run's composed config (after :func:`~diffrank.experiments.composition.drop_unused_groups`).
+        cfg: the run's composed config (after :func:`~diffrank.experiments.run.composition.drop_unused_groups`).
         choices: the config groups the run used (group → option).
 
     Returns:

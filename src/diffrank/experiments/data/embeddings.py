@@ -3,8 +3,8 @@
 Petersen et al. (ICML 2022, §5.1) fine-tune only a linear head on the frozen penultimate embeddings of a
 large pre-trained backbone (ResNeXt-101 32x48d WSL: 2 048-d; Noisy-Student EfficientNet-L2: 5 504-d), which
 their code reads from pre-computed files (difftopk README, "(code)"). This module holds the one on-disk
-format that :mod:`diffrank.experiments.extract_embeddings` (a timm backbone over an image folder or a Hugging
-Face dataset) and :mod:`diffrank.experiments.convert_embeddings` (the paper's released pickles) write, and the
+format that :mod:`diffrank.experiments.tools.extract_embeddings` (a timm backbone over an image folder or a Hugging
+Face dataset) and :mod:`diffrank.experiments.tools.convert_embeddings` (the paper's released pickles) write, and the
 LightningDataModule that trains on it. See docs/topk_imagenet.md.
 
 Format of a cache folder (``paths.data_dir/<folder>``)::
@@ -42,8 +42,8 @@ from diffrank.experiments.data.samplers import EpochSampler
 
 INDEX = "index.json"
 DTYPES = ("float16", "float32")
-HINT = ("run python -m diffrank.experiments.extract_embeddings or python -m diffrank.experiments.convert_embeddings "
-        "(docs/topk_imagenet.md)")
+HINT = ("run python -m diffrank.experiments.tools.extract_embeddings or "
+        "python -m diffrank.experiments.tools.convert_embeddings (docs/topk_imagenet.md)")
 
 # Default folder names under paths.data_dir (configs/data/*_embeddings.yaml; data.folder=<name> picks another).
 DEFAULT_FOLDERS = {
@@ -316,7 +316,8 @@ class EmbeddingRows(Dataset):
             rows = self.rows[pos[~finite.numpy()]]
             raise ValueError(f"{self.path}: rows {rows[:5].tolist()}{'…' if len(rows) > 5 else ''} hold NaN or "
                              f"infinite embeddings ({len(rows)} in this batch); the cache is corrupt: rebuild it with "
-                             "python -m diffrank.experiments.extract_embeddings (or convert_embeddings) --overwrite")
+                             "python -m diffrank.experiments.tools.extract_embeddings (or convert_embeddings) "
+                             "--overwrite")
         return x, self.labels[torch.from_numpy(pos)]
 
 
@@ -370,7 +371,7 @@ class EmbeddingDataModule(L.LightningDataModule):
 
     Raises:
         FileNotFoundError: (``setup``) the cache or one of its files is missing; the message names them and says
-            "run python -m diffrank.experiments.extract_embeddings or ... convert_embeddings".
+            "run python -m diffrank.experiments.tools.extract_embeddings or ... convert_embeddings".
         ValueError: (``setup``) an incomplete split, ``dim`` unlike the index, labels out of range, ``val_size``
             outside ``[1, N_train)``, or fewer training rows than one batch.
     """

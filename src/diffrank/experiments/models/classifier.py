@@ -1,6 +1,6 @@
 """LightningModule for top-k classification (Petersen et al. 2022, §5): a backbone and a loss.
 
-Model selection. By default the run's best checkpoint by ``val/top1`` is tested (``diffrank.experiments.fit``).
+Model selection. By default the run's best checkpoint by ``val/top1`` is tested (``diffrank.experiments.run.fit``).
 With ``test_each_epoch=true`` (the CIFAR-100 protocol) the module follows the difftopk code instead: it also
 evaluates the test split after every validation and reports, per k, the test top-k accuracy of the epoch with
 the best validation top-k (top-1 at the best val top-1 epoch, top-5 at the best val top-5 epoch, which may

@@ -1,8 +1,8 @@
 """Validation curves of runs from their CSV logs: one line per run, a metric against the optimizer step.
 
-``python -m diffrank.experiments.curves outputs/cells/sorting/thesis_t3_5/bitonic_lambda04_n32_b4 --metric val/em5
---out docs/figures/t3_5_n32_b4.png`` finds every run folder below the given ones (a ``csv/`` log inside) and labels
-each line with its folder name and, when finished, its tested value from ``results.json``.
+``python -m diffrank.experiments.analysis.curves outputs/cells/sorting/thesis_t3_5/bitonic_lambda04_n32_b4
+--metric val/em5 --out docs/figures/t3_5_n32_b4.png`` finds every run folder below the given ones (a ``csv/`` log
+inside) and labels each line with its folder name and, when finished, its tested value from ``results.json``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import argparse
 import csv
 from pathlib import Path
 
-from diffrank.experiments.record import RunRecord
+from diffrank.experiments.records.record import RunRecord
 
 
 def read_curve(run_dir: str | Path, metric: str) -> list[tuple[int, float]]:

@@ -111,7 +111,7 @@ def drop_unused_groups(cfg: DictConfig, choices: dict[str, Any], loss: Any) -> d
 
 
 def prepare(cfg: DictConfig, choices: dict[str, Any]) -> tuple[DictConfig, dict[str, Any]]:
-    """The config :func:`diffrank.experiments.train.train` runs: a copy of ``cfg``, checked for a loss, a selection
+    """The config :func:`diffrank.experiments.run.train.train` runs: a copy of ``cfg``, checked for a loss, a selection
     metric and a row's own method (:func:`check_row_method`).
 
     Args:

@@ -18,7 +18,7 @@ import torch
 from omegaconf import DictConfig
 
 from diffrank.experiments.callbacks.run_identity import check_checkpoint
-from diffrank.experiments.instantiate import instantiate
+from diffrank.experiments.run.instantiate import instantiate
 
 log = logging.getLogger(__name__)
 

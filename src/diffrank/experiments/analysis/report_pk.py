@@ -9,9 +9,9 @@ cell, :func:`paper_grid` looks up Petersen et al. (ICML 2022) Table 4 and Table 
 *different dataset*, for orientation only), :func:`check_orderings` evaluates the paper's qualitative claims on
 both, :func:`format_report` prints it all.
 
-Command line (:func:`main`; also part of ``python -m diffrank.experiments.report``)::
+Command line (:func:`main`; also part of ``python -m diffrank.experiments.analysis.report``)::
 
-    python -m diffrank.experiments.report_pk RUN_DIR... [--out outputs/report]
+    python -m diffrank.experiments.analysis.report_pk RUN_DIR... [--out outputs/report]
 
 reads every ``results.json`` under the folders whose config carries a ``benchmark`` key, averages the seeds of
 each (method, P_K) cell and prints, per dataset: our top-1 / top-5, runs and wall time per cell, Petersen et al.
@@ -31,7 +31,7 @@ from statistics import mean
 from typing import Any
 
 from diffrank import reference
-from diffrank.experiments.archive import find_records
+from diffrank.experiments.records.archive import find_records
 
 PAPER = "petersen_difftopk_icml2022"
 PK_ORDER = ("[1,0,0,0,0]", "[0,0,0,0,1]", "[.5,0,0,0,.5]", "[.25,0,0,0,.75]", "[.1,0,0,0,.9]", "[.2,.2,.2,.2,.2]")
@@ -120,7 +120,7 @@ def run_from_record(record: Mapping[str, Any], path: str = "") -> Run | None:
 
 def collect(paths: Iterable[str | Path], dataset: str | None = None) -> list[Run]:
     """Every finished benchmark run under ``paths`` (``results.json`` files, run archives, or folders searched
-    recursively for both: :func:`diffrank.experiments.archive.find_records`), optionally only those of
+    recursively for both: :func:`diffrank.experiments.records.archive.find_records`), optionally only those of
     ``dataset``. A record read twice (the same file, or a run archived and in its folder) counts once.
 
     Raises:
@@ -291,7 +291,7 @@ def format_report(ours: Grid, paper: Grid | None = None, dataset: str = "") -> s
 
 def reports(paths: Iterable[str | Path]) -> dict[str, str]:
     """One :func:`format_report` text per benchmark dataset found under ``paths`` (``{}`` when there is none):
-    the hook for :func:`diffrank.experiments.report.write_report` and :func:`main`.
+    the hook for :func:`diffrank.experiments.analysis.report.write_report` and :func:`main`.
 
     Raises:
         FileNotFoundError / ValueError: see :func:`collect`.
@@ -302,12 +302,13 @@ def reports(paths: Iterable[str | Path]) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, str]:
-    """Command line (``python -m diffrank.experiments.report_pk RUN_DIR... [--out DIR]``); returns ``{dataset: text}``.
+    """Command line (``python -m diffrank.experiments.analysis.report_pk RUN_DIR... [--out DIR]``); returns
+    ``{dataset: text}``.
 
     Raises:
         SystemExit: no benchmark run under the given paths.
     """
-    ap = argparse.ArgumentParser(prog="python -m diffrank.experiments.report_pk", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m diffrank.experiments.analysis.report_pk", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("paths", nargs="+", help="run or sweep folders (searched recursively for results.json)")
     ap.add_argument("--out", default=None, help="also write pk_<dataset>.md into this folder")

@@ -125,7 +125,8 @@ def wandb_tags(cfg: Any, choices: dict[str, Any], extra: list[str] | None = None
 
 
 def paper_comparison(record: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[list[str]]]:
-    """The run's rows of the paper comparison (:func:`diffrank.experiments.report.collect_runs` on its own record).
+    """The run's rows of the paper comparison (:func:`diffrank.experiments.analysis.report.collect_runs` on its own
+    record).
 
     Returns:
         ``(summary, header, cells)``: ``summary`` maps ``paper/<metric>``, ``ours/<metric>``, ``delta/<metric>``
@@ -133,7 +134,7 @@ def paper_comparison(record: dict[str, Any]) -> tuple[dict[str, Any], list[str],
         ``header`` / ``cells`` are the table that ``compare_to_paper`` prints. All empty for a run without a
         ``paper`` key (or one that matches no reference row).
     """
-    from diffrank.experiments.report import collect_runs, table_rows
+    from diffrank.experiments.analysis.report import collect_runs, table_rows
 
     result = collect_runs([(Path(str(record.get("run_dir") or ".")) / "results.json", record)])
     summary: dict[str, Any] = {}

@@ -1,0 +1,582 @@
+"""Our runs against the papers' tables: match ``results.json`` records to the bundled reference rows
+(:mod:`diffrank.reference`), tabulate paper / ours / Δ, and render them as Markdown, a PNG or a console table.
+
+The report over run folders is this module's command line (:func:`main`; :func:`write_report` in Python)::
+
+    python -m diffrank.experiments.analysis.report RUN_DIR... [--out outputs/report] [--metric-prefix test/] [--quiet]
+
+(also ``diffrank-report`` and ``scripts/compare_to_paper.py``; ``RUN_DIR`` may also be, or hold, run archives:
+:mod:`diffrank.experiments.records.archive`): ``report.md`` and ``report.png`` in ``--out``,
+the tables on the console, and, for runs of the offline P_K benchmark (``benchmark:`` key instead of ``paper:``,
+:mod:`diffrank.experiments.analysis.report_pk`), their P_K x method grid beside the paper's CIFAR-100 one in
+``pk_<dataset>.md``. Training runs with a W&B logger log their own row of the comparison (:func:`collect_runs` on
+the run's record). Later experiments add their tables by giving their configs a ``paper:`` key over the
+reference columns and shipping the reference CSV in ``src/diffrank/reference/``; nothing here needs to change.
+
+Every record whose ``paper`` field is a dict is matched to the reference rows whose columns equal every field
+of that dict. Each matched row (one per metric) becomes a line: the published value, our mean ± sample std
+over the runs (seeds) sharing the same ``paper`` key, Δ = ours − paper, and the number of runs. Our metric for a
+reference metric ``M`` is ``<prefix><m>`` with m = M lower-cased (``EM`` → ``test/em``, ``top1`` →
+``test/top1``); our fractions are shown in % unless the reference row's note says it is printed as a fraction.
+Older records of a table row run with another operator (``paper`` null, ``variant_of`` the row; such runs are
+refused now) are skipped, never shown as the row's method. The budget column is the optimizer steps actually
+taken × the global batch
+(``results.json`` fields ``optimizer_steps`` / ``global_batch``, summed over DDP ranks; older records:
+:meth:`~diffrank.experiments.records.record.RunRecord.from_dict`).
+
+Temperature sweeps: when the runs of one ``paper`` key differ in ``operator.beta`` (a row whose temperature is
+not published, swept with ``hparams_search=beta_grid``: SinkhornSort in Petersen et al. 2022), only the runs of
+the β with the best seed-mean validation accuracy (``val/top1_best``, else the run's ``optimized_metric``) are
+reported, and the line says which β (``selected``). Our values are printed with the paper's decimals, at least
+two (ImageNet-1K top-5 has three). Reference rows of a table that are not runs (Petersen et al. 2022 Table 5's
+published numbers of other models, ``method`` ``literature``) are shown with the table's lines, ours empty.
+
+Copied baselines: a table that reprints another paper's numbers (``copy_of=<paper>:<table>`` in the reference row's
+``setting``, :func:`diffrank.reference.copy_source`; LapSum Tables 1-3 reprint Petersen et al. 2022 Tables 1-2 and
+Xie et al. 2020 Table 1) gets a section as soon as one of its own rows or one of the originals has runs; each
+copied row is shown with the runs of its original (Δ against the number as this table prints it), which no config
+runs a second time: ``runs`` in the result counts each record once, and the plot shows a run in its original's
+panel only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from diffrank import reference
+from diffrank.experiments.records.archive import find_records
+from diffrank.experiments.records.record import RunRecord
+
+# the columns that identify a reference row to a reader; shown when they vary inside a table
+SIGNIFICANCE = 0.05  # thesis §7.5.1: "significance tests (significance level 0.05)"
+LABEL_COLUMNS = ("dataset", "model", "method", "operator", "sigmoid", "network", "n", "pk", "m", "setting")
+
+
+def _key(paper: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((str(k), reference._norm(v)) for k, v in paper.items()))
+
+
+def is_fraction(row: dict[str, str]) -> bool:
+    """Whether a reference row is printed as a fraction (its ``note`` says ``fraction`` and not ``x100``): our
+    value is then shown as a fraction too, else in %."""
+    note = row.get("note", "").lower()
+    return "fraction" in note and "x100" not in note and "×100" not in note
+
+
+def run_budget(run: dict[str, Any]) -> str:
+    """``steps×batch`` of a run: optimizer steps actually taken and the global batch (summed over DDP ranks);
+    the fallbacks of older records are :meth:`RunRecord.from_dict`'s. A run in another precision than float32
+    says so (``10000×4 bf16-mixed``): its numbers are not seeds of the float32 runs."""
+    rec = RunRecord.from_dict(run)
+    steps, batch = rec.steps, rec.global_batch
+    budget = f"{steps}×{batch}" if steps is not None and batch is not None else "?"
+    precision = str(rec.planned("trainer.precision", ("trainer", "precision")) or "32-true")
+    return budget if precision in ("32-true", "32", "32-bit") else f"{budget} {precision}"
+
+
+def run_tikhonov(run: dict[str, Any]) -> str:
+    """The Tikhonov λ of a Newton-loss run (``config.newton``, thesis §7.3) as printed, ``""`` without a Newton
+    loss: runs of another λ are not seeds of the row's λ and are reported on their own line."""
+    newton = (run.get("config") or {}).get("newton")
+    if not isinstance(newton, dict) or newton.get("variant") in (None, "none") or newton.get("tikhonov") is None:
+        return ""
+    try:
+        return f"{float(newton['tikhonov']):g}"
+    except (TypeError, ValueError):
+        return str(newton["tikhonov"])
+
+
+def run_device(run: dict[str, Any]) -> str:
+    """The kind of device a run trained on (``results.json`` ``device`` up to its details: ``"cpu"``, ``"NVIDIA
+    H100 80GB HBM3"``; ``""`` when not recorded). Runs of one seed on two devices are not independent seeds (same
+    initialisation and data order), so the report never pools devices."""
+    return str(run.get("device") or "").split(" (", 1)[0].strip()
+
+
+def run_data(run: dict[str, Any]) -> str:
+    """What a run's data was when it is not the row's: ``"synthetic"`` for generated stand-in data
+    (``results.json`` ``synthetic_data``), the data config for a row whose data group was swapped on the command
+    line (``data=digits_sort``: an offline check of an MNIST row is not an MNIST number), ``""`` for the row's
+    own data. The report never pools runs of different data and names it in a ``data`` column."""
+    if run.get("synthetic_data"):
+        return "synthetic"
+    swapped = [o.split("=", 1)[1] for o in run.get("overrides") or ()
+               if isinstance(o, str) and o.lstrip("+~").startswith("data=")]
+    return f"data={swapped[-1]}" if swapped else ""
+
+
+def collect(paths: Iterable[str | Path], metric_prefix: str = "test/") -> dict[str, Any]:
+    """Match every run record under ``paths`` (``results.json`` files, folders searched recursively, and run
+    archives: :func:`diffrank.experiments.records.archive.find_records`) to the reference rows (:func:`collect_runs` on
+    the records, copied baselines included).
+
+    Returns:
+        ``{"tables": {(paper, table): [line, ...]}, "unmatched": [(path, paper_key)], "skipped": int,
+        "runs": int}``; a line is a dict with the reference row, ``ours`` (list of values in the row's
+        unit), ``mean``, ``std`` (None for one run), ``delta``, ``runs``, ``budget`` and ``run_dirs``.
+
+    Raises:
+        FileNotFoundError: a path that does not exist.
+        ValueError: a malformed run archive.
+    """
+    runs = [(path, rec.to_dict()) for path, rec in find_records(paths)]
+    return collect_runs(runs, metric_prefix, copies=True)
+
+
+def collect_runs(records: Iterable[tuple[str | Path, dict[str, Any]]], metric_prefix: str = "test/",
+                 copies: bool = False) -> dict[str, Any]:
+    """Match in-memory ``results.json`` records to the reference rows (what :func:`collect` does after reading
+    the files; a finishing run calls it on its own record to log the comparison to W&B).
+
+    Args:
+        records: ``(path of the results.json, record)`` pairs; runs sharing a ``paper`` key are pooled (seeds).
+        metric_prefix: our metric for a reference metric ``M`` is ``<prefix><m>``, m = M lower-cased.
+        copies: also show the tables that reprint a matched row (:func:`copy_lines`; the report does, a run's own
+            W&B comparison does not).
+
+    Returns:
+        The same dict as :func:`collect`; a copied row's line has ``copy_of`` (``"<paper> Table <table>"``).
+    """
+    groups: dict[tuple, list[tuple[Path, dict[str, Any]]]] = defaultdict(list)
+    unmatched, skipped, runs = [], 0, 0
+    for path, run in records:
+        path = Path(path)
+        paper = run.get("paper")
+        if not isinstance(paper, dict):
+            skipped += 1
+            continue
+        runs += 1
+        # runs on other data (generated, or a swapped data group) never pool with runs on the row's data, nor
+        # runs of another budget (a short check of a row is not one of its seeds), λ or device
+        groups[(_key(paper), run_data(run), run_budget(run), run_tikhonov(run),
+                run_device(run))].append((path, run))
+    tables: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for (key, data, budget, tikhonov, device), members in groups.items():
+        try:
+            rows = reference.match(dict(key))
+        except KeyError:
+            rows = []
+        if not rows:
+            unmatched.append((str(members[0][0]), dict(key)))
+            continue
+        members, selected = select_beta(members)
+        for row in rows:
+            name = metric_prefix + row["metric"].lower()
+            scale = 1.0 if is_fraction(row) else 100.0
+            ours = [scale * v for v in (_metric(path, r, name) for path, r in members) if v is not None]
+            try:
+                paper_value = float(row["value"])
+            except ValueError:
+                paper_value = math.nan
+            mean = statistics.fmean(ours) if ours else math.nan
+            tables[(row["paper"], row["table"])].append({
+                "row": row, "metric": row["metric"], "paper": paper_value, "ours": ours, "mean": mean,
+                "std": statistics.stdev(ours) if len(ours) > 1 else None,
+                "delta": mean - paper_value if ours else math.nan, "runs": len(ours),
+                "budget": budget, "tikhonov": tikhonov, "device": device,
+                "run_dirs": [str(p.parent) for p, _ in members], "selected": selected,
+                "data": data,
+            })
+    if copies:
+        for key, lines in copy_lines(tables).items():
+            tables[key].extend(lines)
+    for (paper, table), lines in tables.items():
+        lines.extend(_reference_only(paper, table, lines))
+    for lines in tables.values():
+        lines.sort(key=lambda ln: tuple(_sort_value(ln["row"].get(c, "")) for c in (*LABEL_COLUMNS, "metric")))
+        significance(lines)
+    return {"tables": dict(sorted(tables.items())), "unmatched": unmatched, "skipped": skipped, "runs": runs}
+
+
+def _baseline(line: dict[str, Any], baselines: list[dict[str, Any]],
+              regular_operators: frozenset[str] = frozenset()) -> dict[str, Any] | None:
+    """The one "Regular" line of the same cell as ``line``: equal labels but the method (Table 7.3: the
+    operator is the cell's), else, when ``line``'s operator is none of ``regular_operators`` (those of the
+    table's published Regular rows), equal labels but method and operator (Table 7.1: the operator column names
+    the Newton loss); same metric, budget, data and device. A Table 7.3 / 7.5 line whose own operator's Regular
+    was not run has no baseline (never another operator's Regular)."""
+    operator_is_the_cell = line["row"].get("operator", "") in regular_operators
+    for ignored in (("method",),) if operator_is_the_cell else (("method",), ("method", "operator")):
+        def cell(ln: dict[str, Any], ignored: tuple[str, ...] = ignored) -> tuple:
+            """A line's cell key without the ``ignored`` label columns."""
+            return (*(ln["row"].get(c, "") for c in LABEL_COLUMNS if c not in ignored), ln["metric"], ln["budget"],
+                    ln.get("data", ""), ln.get("device", ""))
+        found = [b for b in baselines if cell(b) == cell(line)]
+        if len(found) == 1:
+            return found[0]
+    return None
+
+
+def significance(lines: list[dict[str, Any]], alpha: float = SIGNIFICANCE) -> None:
+    """Compare each method with Regular training of the same cell, as thesis ch. 7 does (Table 7.1: "significance
+    tests between regular training and the Newton methods", level 0.05), in place: a line with a "Regular" line
+    of the same cell gets ``vs_regular = {"paper": paper − Regular's paper value, "ours": our mean − Regular's
+    mean, "p": Welch's t-test p-value (scipy ``ttest_ind(equal_var=False)``; None below two runs on either side
+    or for equal constant samples), "significant": p < alpha}``. The thesis does not name its test; Welch's makes
+    no equal-variance assumption. Tables without "Regular" lines are left as they are."""
+    baselines = [ln for ln in lines if ln["row"].get("method") == "Regular"]
+    if not baselines:
+        return
+    from scipy.stats import ttest_ind
+
+    paper, table = baselines[0]["row"]["paper"], baselines[0]["row"]["table"]
+    regular_operators = frozenset(r["operator"] for r in reference.all_rows()
+                                  if r["paper"] == paper and r["table"] == table and r["method"] == "Regular")
+    for ln in lines:
+        base = None if any(ln is b for b in baselines) else _baseline(ln, baselines, regular_operators)
+        if base is None:
+            continue
+        p = None
+        if len(ln["ours"]) > 1 and len(base["ours"]) > 1:
+            value = float(ttest_ind(ln["ours"], base["ours"], equal_var=False).pvalue)
+            p = None if math.isnan(value) else value
+        ln["vs_regular"] = {"paper": ln["paper"] - base["paper"],
+                            "ours": ln["mean"] - base["mean"] if ln["ours"] and base["ours"] else math.nan,
+                            "p": p, "significant": p is not None and p < alpha}
+
+
+def _vs_regular(ln: dict[str, Any], digits: int) -> tuple[str, str]:
+    """The two report cells of :func:`significance`: paper − Regular, and ours − Regular with Welch's p; ``**``
+    marks a significant improvement (the thesis' black bold), ``(sig. worse)`` a significant loss."""
+    vs = ln.get("vs_regular")
+    if vs is None:
+        return "", ""
+    ours = fmt(vs["ours"], digits)
+    if ours != "—":
+        ours = ("+" if not ours.startswith("-") else "") + ours
+        if vs["p"] is not None:
+            mark = (" **" if vs["ours"] > 0 else " (sig. worse)") if vs["significant"] else ""
+            ours += f" (p={vs['p']:.2g}){mark}"
+    paper = fmt(vs["paper"], digits)
+    return ("+" if paper != "—" and not paper.startswith("-") else "") + paper, ours
+
+
+def _metric(path: str | Path, run: dict[str, Any], name: str) -> float | None:
+    """``run``'s metric ``name`` as a float; None when absent, or (with a warning naming the file) not a number."""
+    value = (run.get("metrics") or {}).get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        print(f"warning: {path}: metric {name} = {value!r} is not a number; left out", file=sys.stderr)
+        return None
+    return float(value)
+
+
+def _beta(run: dict[str, Any]) -> float | None:
+    op = (run.get("config") or {}).get("operator")
+    beta = op.get("beta") if isinstance(op, dict) else None
+    try:
+        return None if beta is None else float(beta)
+    except (TypeError, ValueError):
+        return None
+
+
+def _val_score(run: dict[str, Any]) -> float:
+    metrics = run.get("metrics") or {}
+    cfg = run.get("config") or {}
+    for name in ("val/top1_best", cfg.get("optimized_metric"), "val/top1"):
+        if isinstance(name, str) and isinstance(metrics.get(name), (int, float)):
+            return float(metrics[name])
+    return math.nan
+
+
+def select_beta(members: list[tuple[Path, dict[str, Any]]]) -> tuple[list[tuple[Path, dict[str, Any]]], str | None]:
+    """The runs of one paper key at the selected temperature when they span several ``operator.beta``: the β
+    whose runs have the best mean validation score (``val/top1_best``, else ``optimized_metric``, else
+    ``val/top1``; NaN-free runs only; on ties the smaller β). One β (or none): all runs, no selection.
+
+    Returns:
+        ``(runs kept, "β=<value> (best val of <k> β)" or None)``.
+    """
+    betas = {_beta(r) for _, r in members}
+    if len(betas) < 2:
+        return members, None
+    scores = {}
+    for beta in betas:
+        vals = [_val_score(r) for _, r in members if _beta(r) == beta]
+        vals = [v for v in vals if not math.isnan(v)]
+        scores[beta] = statistics.fmean(vals) if vals else -math.inf
+    best = max(sorted(betas, key=lambda b: (b is None, b or 0.0)), key=lambda b: scores[b])
+    return [(p, r) for p, r in members if _beta(r) == best], f"β={best:g} (best val of {len(betas)} β)"
+
+
+def _ident(row: dict[str, str]) -> tuple[str, ...]:
+    return tuple(row.get(c, "") for c in reference.COLUMNS)
+
+
+def copy_lines(tables: dict[tuple[str, str], list[dict[str, Any]]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Lines for the copied reference rows (``copy_of=`` in ``setting``) of every table that has lines already or
+    whose originals have: each copy gets its original's runs (one line per group of the original: budget,
+    data), Δ against the copy's printed value, and ``copy_of``; a copy whose original has no runs, and the
+    table's own rows without runs, are shown with ours empty (the whole published table, ours beside it).
+
+    Args:
+        tables: :func:`collect_runs`' lines so far, ``{(paper, table): [line, ...]}`` (not modified).
+
+    Returns:
+        ``{(paper, table): [new line, ...]}`` for the copying tables to show.
+    """
+    originals: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
+    for lines in tables.values():
+        for ln in lines:
+            if ln["runs"] and not ln.get("copy_of"):
+                originals[_ident(ln["row"])].append(ln)
+    pairs: dict[tuple[str, str], list[tuple[dict[str, str], dict[str, str] | None]]] = defaultdict(list)
+    for row in reference.all_rows():
+        pairs[(row["paper"], row["table"])].append((row, reference.copy_source(row)))
+    pairs = {key: members for key, members in pairs.items() if any(src for _, src in members)}
+    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for key, members in pairs.items():
+        if key not in tables and not any(originals.get(_ident(src)) for _, src in members if src):
+            continue  # nothing of this table was run
+        shown = {_ident(ln["row"]) for ln in tables.get(key, [])}
+        new = []
+        for row, src in members:
+            if src is None:  # the table's own row: shown (ours empty) when no run of it is
+                if _ident(row) not in shown:
+                    new += _reference_only_line(row)
+                continue
+            try:
+                value = float(row["value"])
+            except ValueError:  # a cell lost in the text: shown as —
+                value = math.nan
+            label = f"{src['paper']} Table {src['table']}"
+            for orig in originals.get(_ident(src)) or [None]:
+                ours = list(orig["ours"]) if orig else []
+                mean = statistics.fmean(ours) if ours else math.nan
+                new.append({"row": row, "metric": row["metric"], "paper": value, "ours": ours, "mean": mean,
+                            "std": orig["std"] if orig else None, "delta": mean - value if ours else math.nan,
+                            "runs": len(ours), "budget": orig["budget"] if orig else "",
+                            "run_dirs": list(orig["run_dirs"]) if orig else [],
+                            "selected": orig["selected"] if orig else None,
+                            "data": orig.get("data", "") if orig else "", "copy_of": label,
+                            "device": orig.get("device", "") if orig else ""})
+        out[key] = new
+    return out
+
+
+def _reference_only_line(row: dict[str, str]) -> list[dict[str, Any]]:
+    try:
+        value = float(row["value"])
+    except ValueError:
+        value = math.nan
+    return [{"row": row, "metric": row["metric"], "paper": value, "ours": [], "mean": math.nan, "std": None,
+             "delta": math.nan, "runs": 0, "budget": "", "run_dirs": [], "selected": None}]
+
+
+def _reference_only(paper: str, table: str, lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Lines for the published rows of (paper, table) that no run can have (``method`` ``literature``)."""
+    shown = {tuple(ln["row"].get(c) for c in reference.COLUMNS) for ln in lines}
+    out = []
+    for row in reference.all_rows():
+        if row["paper"] == paper and row["table"] == table and row["method"] == "literature" \
+                and tuple(row.get(c) for c in reference.COLUMNS) not in shown:
+            try:
+                value = float(row["value"])
+            except ValueError:
+                value = math.nan
+            out.append({"row": row, "metric": row["metric"], "paper": value, "ours": [], "mean": math.nan,
+                        "std": None, "delta": math.nan, "runs": 0, "budget": "", "run_dirs": [], "selected": None})
+    return out
+
+
+def decimals(printed: str, minimum: int = 2) -> int:
+    """Decimals to print our number with: those of the published value (``"97.795"`` → 3), at least
+    ``minimum``."""
+    text = printed.strip()
+    return max(minimum, len(text.split(".", 1)[1]) if "." in text and text.replace(".", "", 1).lstrip("-").isdigit()
+               else 0)
+
+
+def _sort_value(v: str) -> tuple[int, float, str]:
+    try:
+        return (0, float(v), "")
+    except ValueError:
+        return (1, 0.0, v)
+
+
+def _label_columns(lines: list[dict[str, Any]]) -> list[str]:
+    """Columns worth showing: those that vary inside the table, plus method, operator and n."""
+    always = ("method", "operator", "n")
+    cols = [c for c in LABEL_COLUMNS if len({ln["row"].get(c, "") for ln in lines}) > 1 or c in always]
+    return [c for c in cols if any(ln["row"].get(c, "") for ln in lines)]
+
+
+def fmt(v: float | None, digits: int = 2) -> str:
+    """A number for the report (``—`` for None / NaN)."""
+    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
+
+
+def table_rows(lines: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Header and cells of one report table."""
+    cols = _label_columns(lines)
+    header = [*cols, "metric", "paper", "ours", "Δ", "runs", "steps×batch"]
+    newton = any(ln.get("tikhonov") for ln in lines)
+    if newton:  # Newton-loss runs (thesis ch. 7): their Tikhonov λ, not printed in the thesis
+        header.append("Newton λ")
+    devices = len({ln.get("device", "") for ln in lines if ln["runs"]}) > 1
+    if devices:
+        header.append("device")
+    other_data = any(ln.get("data") for ln in lines)
+    if other_data:  # say it on every row: a number on generated or swapped-in data is not a reproduction
+        header.insert(len(cols), "data")
+    selected = any(ln.get("selected") for ln in lines)
+    if selected:
+        header.append("selected")
+    compared = any(ln.get("vs_regular") for ln in lines)
+    if compared:
+        header += ["paper − Regular", "ours − Regular (Welch p)"]
+    cells = []
+    for ln in lines:
+        digits = decimals(ln["row"]["value"])
+        ours = fmt(ln["mean"], digits) + ("" if ln["std"] is None else f" ± {fmt(ln['std'], digits)}")
+        delta = fmt(ln["delta"], digits)
+        if delta.startswith("-") and not delta.strip("-0."):  # a rounded-away negative is no difference
+            delta = delta[1:]
+        if delta != "—" and not delta.startswith("-"):
+            delta = "+" + delta
+        cells.append([*(ln["row"].get(c, "") for c in cols), *([ln.get("data") or "real"] if other_data else []),
+                      ln["metric"], ln["row"]["value"] or "—", ours, delta,
+                      str(ln["runs"]), ln["budget"], *([ln.get("tikhonov") or ""] if newton else []),
+                      *([ln.get("device", "")] if devices else []),
+                      *([ln.get("selected") or ""] if selected else []),
+                      *(_vs_regular(ln, digits) if compared else ())])
+    return header, cells
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The whole report as Markdown."""
+    out = ["# Our runs vs the papers", "",
+           f"{result['runs']} runs with a `paper` key; {result['skipped']} results.json without one were skipped. "
+           "Values in % (ours: mean ± sample std over runs); Δ = ours − paper; steps×batch = our training budget.",
+           ""]
+    for (paper, table), lines in result["tables"].items():
+        header, cells = table_rows(lines)
+        out += [f"## {paper}, Table {table}", "", "| " + " | ".join(header) + " |",
+                "|" + "|".join("---" for _ in header) + "|"]
+        out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in cells]
+        sources = sorted({ln["copy_of"] for ln in lines if ln.get("copy_of")})
+        if sources:
+            out += ["", f"Rows with `copy_of=` in `setting` reprint {', '.join(sources)}: ours there are the runs of "
+                    "that table's row (also in its own section, counted once); Δ is against the number as printed "
+                    "here."]
+        out.append("")
+    if result["unmatched"]:
+        out += ["## Runs whose `paper` key matches no reference row", ""]
+        out += [f"- `{path}`: `{json.dumps(key)}`" for path, key in result["unmatched"]]
+        out.append("")
+    return "\n".join(out)
+
+
+def plot(result: dict[str, Any], path: Path) -> Path | None:
+    """Ours vs paper, one panel per table (error bars = std over runs); None when nothing to plot."""
+    tables = {k: [ln for ln in v if ln["runs"] and not math.isnan(ln["paper"]) and not ln.get("copy_of")]
+              for k, v in result["tables"].items()}
+    tables = {k: v for k, v in tables.items() if v}
+    if not tables:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(tables), figsize=(4.5 * len(tables), 4.2), squeeze=False)
+    for ax, ((paper, table), lines) in zip(axes[0], tables.items()):
+        for metric in sorted({ln["metric"] for ln in lines}):
+            sel = [ln for ln in lines if ln["metric"] == metric]
+            ax.errorbar([ln["paper"] for ln in sel], [ln["mean"] for ln in sel],
+                        yerr=[ln["std"] or 0.0 for ln in sel], fmt="o", capsize=3, label=metric)
+        lo = min(min(ln["paper"], ln["mean"]) for ln in lines)
+        hi = max(max(ln["paper"], ln["mean"]) for ln in lines)
+        pad = 0.05 * (hi - lo or 1.0)
+        ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], "k--", lw=0.8)
+        ax.set_xlabel("paper")
+        ax.set_ylabel("ours")
+        ax.set_title(f"{paper}\nTable {table}", fontsize=9)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def print_console(result: dict[str, Any]) -> None:
+    """The report's tables in the console (rich)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for (paper, table), lines in result["tables"].items():
+        header, cells = table_rows(lines)
+        t = Table(title=f"{paper}, Table {table}")
+        for h in header:
+            t.add_column(h, justify="right" if h in ("paper", "ours", "Δ", "runs", "n") else "left")
+        for row in cells:
+            t.add_row(*row)
+        console.print(t)
+    for path, key in result["unmatched"]:
+        console.print(f"[yellow]no reference row for[/yellow] {path}: {key}")
+
+
+def write_report(paths: Iterable[str | Path], out: str | Path = "outputs/report", metric_prefix: str = "test/",
+                 quiet: bool = False) -> dict[str, Any]:
+    """The report over run folders: ``report.md`` and ``report.png`` (when there is something to plot) in ``out``,
+    the tables on the console (unless ``quiet``), and ``pk_<dataset>.md`` per offline P_K benchmark dataset
+    (:func:`diffrank.experiments.analysis.report_pk.reports`); the last line printed names the files.
+
+    Args:
+        paths: run folders (searched recursively for ``results.json`` and run archives) or such files.
+        out: the folder written (created).
+        metric_prefix: our metrics are ``<prefix><metric>``.
+        quiet: print only the line naming the files.
+
+    Returns:
+        The collected result (:func:`collect`).
+
+    Raises:
+        FileNotFoundError / ValueError: see :func:`collect`.
+    """
+    from diffrank.experiments.analysis.report_pk import reports
+
+    paths = list(paths)
+    result = collect(paths, metric_prefix)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(markdown(result))
+    png = plot(result, out / "report.png")
+    if not quiet:
+        print_console(result)
+    # benchmarks on other datasets than the paper's (no paper key): our P_K x method grid beside the paper's
+    for dataset, text in reports(paths).items():
+        (out / f"pk_{dataset}.md").write_text(f"```\n{text}\n```\n")
+        if not quiet:
+            print(text)
+    print(f"report: {out / 'report.md'}" + (f", plot: {png}" if png else ""))
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line of :func:`write_report`
+    (``python -m diffrank.experiments.analysis.report RUN_DIR... [--out DIR]``)."""
+    ap = argparse.ArgumentParser(prog="python -m diffrank.experiments.analysis.report", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("paths", nargs="+",
+                    help="run folders (searched recursively for results.json and *.jsonl.gz run archives) or files")
+    ap.add_argument("--out", default="outputs/report", help="folder for report.md and report.png")
+    ap.add_argument("--metric-prefix", default="test/", help="our metrics are <prefix><metric> (default test/)")
+    ap.add_argument("--quiet", action="store_true", help="do not print the tables")
+    a = ap.parse_args(argv)
+    write_report(a.paths, a.out, a.metric_prefix, a.quiet)
+
+
+if __name__ == "__main__":
+    main()

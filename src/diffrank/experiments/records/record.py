@@ -1,0 +1,290 @@
+"""``results.json``: the versioned record of one run (:class:`RunRecord`), and the facts it records (git state,
+package versions, the compute environment that decides the bits)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import subprocess
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PACKAGES = ("torch", "lightning", "hydra-core", "torchmetrics", "timm", "numpy", "diffrank")
+
+
+def git_state(cwd: str | Path | None = None) -> dict[str, Any]:
+    """``{"git_sha": str | None, "git_dirty": bool | None}`` of the repository holding ``cwd``."""
+    cwd = str(cwd or Path(__file__).resolve().parent)
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                             timeout=10, check=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                                    capture_output=True, text=True, timeout=10, check=True).stdout.strip())
+        return {"git_sha": sha, "git_dirty": dirty}
+    except (OSError, subprocess.SubprocessError):
+        return {"git_sha": None, "git_dirty": None}
+
+
+def versions() -> dict[str, str | None]:
+    """Installed versions of the packages that decide a result."""
+    out: dict[str, str | None] = {}
+    for p in PACKAGES:
+        try:
+            out[p] = importlib.metadata.version(p)
+        except importlib.metadata.PackageNotFoundError:
+            out[p] = None
+    out["python"] = platform.python_version()
+    return out
+
+
+# Environment variables that change which kernels run, or how many threads split a reduction.
+COMPUTE_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "ATEN_CPU_CAPABILITY", "MKL_CBWR",
+               "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "CUBLAS_WORKSPACE_CONFIG", "CUDA_VISIBLE_DEVICES",
+               "NVIDIA_TF32_OVERRIDE", "TORCH_CUDNN_V8_API_DISABLED")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _build_versions() -> dict[str, str | None]:
+    """oneDNN, MKL and OpenMP versions and the BLAS that this PyTorch build was compiled with."""
+    show = torch.__config__.show()
+    found = {
+        "onednn": re.search(r"(?:MKL-DNN|oneDNN) v([0-9][\w.]*)", show),
+        "mkl": re.search(r"Math Kernel Library Version ([0-9][\w.]*)", show),
+        "openmp": re.search(r"OpenMP (\d+)", show),
+        "blas": re.search(r"BLAS_INFO=(\w+)", show),
+    }
+    return {k: m.group(1) if m else None for k, m in found.items()}
+
+
+def compute_environment() -> dict[str, Any]:
+    """What decides the bits of a run besides the code and the config.
+
+    CPU model, the instruction set PyTorch's CPU kernels dispatch to (``cpu_capability``: DEFAULT, AVX2,
+    AVX512, …), intra-op and inter-op thread counts and the environment variables that set them,
+    the torch / CUDA / cuDNN / oneDNN / MKL versions, the CUDA devices, and the determinism switches
+    (``torch.use_deterministic_algorithms``, cuDNN's deterministic / benchmark, TF32, matmul precision).
+    Runs that differ in any of these may differ in the last bits, and training amplifies that.
+    """
+    cuda = torch.cuda.is_available()
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        affinity = os.cpu_count()
+    return {
+        "cpu_model": cpu_model(),
+        "machine": platform.machine(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": affinity,
+        "num_threads": torch.get_num_threads(),
+        "num_interop_threads": torch.get_num_interop_threads(),
+        "env": {k: os.environ.get(k) for k in COMPUTE_ENV if k in os.environ},
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        **_build_versions(),
+        "mkldnn_enabled": bool(torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled),
+        "cuda_devices": [{"name": torch.cuda.get_device_name(i),
+                          "capability": ".".join(map(str, torch.cuda.get_device_capability(i)))}
+                         for i in range(torch.cuda.device_count())] if cuda else [],
+        "deterministic": {
+            "algorithms": torch.are_deterministic_algorithms_enabled(),
+            "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+            "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+            "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+            "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        },
+    }
+
+
+def device_description(env: dict[str, Any] | None = None) -> str:
+    """One line: the CUDA device, or the CPU model, its dispatched instruction set and the thread count."""
+    env = env or compute_environment()
+    if env["cuda_devices"]:
+        d = env["cuda_devices"][0]
+        return f"{d['name']} (CUDA {env['cuda']}, cuDNN {env['cudnn']})"
+    n = env["num_threads"]
+    return f"cpu ({env['cpu_model']}, {env['cpu_capability']}, {n} thread{'' if n == 1 else 's'})"
+
+
+def to_float(v: Any) -> Any:
+    """Tensors and numpy scalars → Python floats (for JSON)."""
+    if isinstance(v, torch.Tensor):
+        return v.item() if v.numel() == 1 else v.tolist()
+    if hasattr(v, "item"):
+        return v.item()
+    return v
+
+
+def write_atomic(path: str | Path, data: str | bytes) -> Path:
+    """Write ``data`` (text as UTF-8, or bytes) to ``path`` through a temporary file in the same folder and an
+    ``os.replace`` (atomic on POSIX), so that a reader, or a job killed mid-write, never leaves half a file.
+    Folders are created. Returns the path.
+
+    Raises:
+        OSError: the folder cannot be created or written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # only left when the write or the rename failed
+    return path
+
+
+SCHEMA = 2  # 1: records written before RunRecord (no "schema" key)
+
+
+@dataclass
+class RunRecord:
+    """One run's ``results.json``: what it ran, what it measured, and under which conditions.
+
+    The one reader and writer of the file: the training runner writes it (:meth:`write`); the paper report,
+    the offline P_K report, the sweep summary and skip-finished read it (:meth:`read`), so field fallbacks live
+    here only (:meth:`from_dict` upgrades older records).
+
+    Fields (JSON types): ``status`` ("done" | "failed" | "incomplete"); ``schema`` (:data:`SCHEMA`);
+    ``metrics`` (``{"test/top1": fraction, ...}``); ``paper`` (the row's key in the reference tables, or None),
+    ``variant_of`` (old records only: the row a run of it with another method varied; such runs are refused now);
+    ``choices`` (config
+    groups used), ``overrides`` (Hydra task overrides), ``config`` (unresolved config); ``seed``, ``split_seed``;
+    ``optimizer_steps`` (steps actually taken, summed as one process sees them), ``global_step``,
+    ``global_batch`` (sets / images per optimizer step over all ranks), ``world_size``, ``per_device_batch``,
+    ``accumulate_grad_batches``; ``checkpoint`` / ``evaluated_checkpoint`` (which weights were tested);
+    ``resumed_with_changes`` (how ``ckpt_path``'s choices differed, accepted by ``+resume_with_changes=true``);
+    ``synthetic_data`` / ``synthetic_info``; ``git_sha``, ``git_dirty``, ``versions``, ``device``, ``compute``;
+    ``wall_time_s`` (seconds), ``finished_at``; ``run_dir``, ``sweep_dir``; ``error`` (failed runs). Keys this
+    class does not know are kept in ``extra`` and written back.
+    """
+
+    status: str = "incomplete"
+    schema: int = SCHEMA
+    metrics: dict[str, Any] = field(default_factory=dict)
+    task_name: str | None = None
+    paper: Any = None
+    variant_of: dict[str, Any] | None = None
+    choices: dict[str, Any] = field(default_factory=dict)
+    overrides: list[str] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    seed: int | None = None
+    split_seed: int | None = None
+    synthetic_data: bool = False
+    synthetic_info: dict[str, Any] | None = None
+    global_step: int | None = None
+    optimizer_steps: int | None = None
+    world_size: int | None = None
+    per_device_batch: int | None = None
+    accumulate_grad_batches: int | None = None
+    global_batch: int | None = None
+    evaluated_checkpoint: bool = False
+    checkpoint: dict[str, Any] | None = None
+    resumed_with_changes: list[str] | None = None
+    git_sha: str | None = None
+    git_dirty: bool | None = None
+    versions: dict[str, Any] = field(default_factory=dict)
+    device: str | None = None
+    compute: dict[str, Any] | None = None
+    wall_time_s: float | None = None
+    finished_at: str | None = None
+    run_dir: str | None = None
+    sweep_dir: str | None = None
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunRecord:
+        """A record from its JSON object, upgrading schema 1 (records written before this class).
+
+        Schema 1 fallbacks: ``optimizer_steps`` ← ``global_step``; ``global_batch`` ← ``data.batch_size`` of
+        the overrides, then of the config; ``status`` ← "done" when it has metrics, else "incomplete";
+        ``variant_of`` keys ``paper_operator`` / ``operator`` → ``paper_method`` / ``method``.
+        """
+        names = {f.name for f in fields(cls)} - {"extra"}
+        known = {k: v for k, v in data.items() if k in names}
+        rec = cls(**known, extra={k: v for k, v in data.items() if k not in names})
+        if "schema" not in data:
+            rec.schema = 1
+            rec.status = data.get("status") or ("done" if rec.metrics else "incomplete")
+            if rec.optimizer_steps is None:
+                rec.optimizer_steps = rec.global_step
+            if rec.global_batch is None:
+                batch = rec.planned("data.batch_size", ("data", "batch_size"))
+                rec.global_batch = None if batch is None else int(batch)
+            if isinstance(rec.variant_of, dict) and "paper_operator" in rec.variant_of:  # the key held algorithms too
+                v = dict(rec.variant_of)
+                rec.variant_of = {"experiment": v.get("experiment"), "paper_method": v.get("paper_operator"),
+                                  "method": v.get("operator"), "paper": v.get("paper")}
+        rec.metrics = rec.metrics or {}
+        rec.overrides = [str(o) for o in rec.overrides or []]
+        rec.config = rec.config or {}
+        return rec
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object (unknown keys of an older record included)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        return {**self.extra, **out}
+
+    @classmethod
+    def read(cls, path: str | Path) -> RunRecord | None:
+        """The record of a ``results.json``, or None when the file is missing or not a complete JSON object
+        (a run killed before :meth:`write` renamed its file leaves none)."""
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            return None
+        return cls.from_dict(data) if isinstance(data, dict) else None
+
+    def write(self, path: str | Path) -> Path:
+        """Write the record as indented JSON (folders created; a temporary file renamed over ``path``, so a
+        reader never sees half a file). Returns the path."""
+        return write_atomic(path, json.dumps(self.to_dict(), indent=2, default=str))
+
+    def planned(self, override: str, keys: tuple[str, ...]) -> Any:
+        """A planned setting: the command line's ``override`` if given, else the config's value at ``keys``."""
+        for o in self.overrides:
+            if o.lstrip("+~").split("=", 1)[0] == override and "=" in o:
+                return o.split("=", 1)[1]
+        node: Any = self.config
+        for k in keys:
+            node = node.get(k) if isinstance(node, dict) else None
+        return node
+
+    @property
+    def steps(self) -> Any:
+        """Optimizer steps taken, else the planned ``trainer.max_steps`` (None when neither is known)."""
+        return self.optimizer_steps if self.optimizer_steps is not None \
+            else self.planned("trainer.max_steps", ("trainer", "max_steps"))
+
+    @property
+    def optimized_metric(self) -> str | None:
+        """The config's ``optimized_metric`` (the selection metric), if any."""
+        return self.config.get("optimized_metric")
+
+
+def read_record(path: str | Path) -> RunRecord | None:
+    """:meth:`RunRecord.read` (the one reader of ``results.json``)."""
+    return RunRecord.read(path)
