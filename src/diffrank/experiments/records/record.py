@@ -157,6 +157,7 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
 
 
 SCHEMA = 2  # 1: records written before RunRecord (no "schema" key)
+RECORD_FILE = "results.json"  # the name of a run's record in its run folder: every reader and writer uses this
 
 
 @dataclass
@@ -283,8 +284,3 @@ class RunRecord:
     def optimized_metric(self) -> str | None:
         """The config's ``optimized_metric`` (the selection metric), if any."""
         return self.config.get("optimized_metric")
-
-
-def read_record(path: str | Path) -> RunRecord | None:
-    """:meth:`RunRecord.read` (the one reader of ``results.json``)."""
-    return RunRecord.read(path)

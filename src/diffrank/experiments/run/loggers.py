@@ -135,8 +135,9 @@ def paper_comparison(record: dict[str, Any]) -> tuple[dict[str, Any], list[str],
         ``paper`` key (or one that matches no reference row).
     """
     from diffrank.experiments.analysis.report import collect_runs, table_rows
+    from diffrank.experiments.records.record import RECORD_FILE
 
-    result = collect_runs([(Path(str(record.get("run_dir") or ".")) / "results.json", record)])
+    result = collect_runs([(Path(str(record.get("run_dir") or ".")) / RECORD_FILE, record)])
     summary: dict[str, Any] = {}
     header: list[str] = []
     cells: list[list[str]] = []

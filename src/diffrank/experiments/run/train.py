@@ -29,6 +29,7 @@ from diffrank.experiments.algorithms.newton import with_newton
 from diffrank.experiments.callbacks import ResumeState, RunIdentity
 from diffrank.experiments.callbacks.run_identity import run_identity
 from diffrank.experiments.records.record import (
+    RECORD_FILE,
     RunRecord,
     compute_environment,
     device_description,
@@ -69,7 +70,7 @@ def finished_record(cfg: DictConfig, overrides: list[str], multirun: bool) -> di
     if not (multirun and cfg.get("skip_finished")):
         return None
     out = cfg.paths.get("output_dir") if cfg.get("paths") else None
-    rec = RunRecord.read(Path(out) / "results.json") if out else None
+    rec = RunRecord.read(Path(out) / RECORD_FILE) if out else None
     if not rec or rec.status != "done" or sorted(rec.overrides) != sorted(str(o) for o in overrides):
         return None
     name = cfg.get("optimized_metric")
@@ -278,7 +279,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
             record = make_record(built, done, metrics, time.time() - t0)
             out = built.cfg.paths.get("output_dir") if built.cfg.get("paths") else None
             if out:
-                log.info("results: %s", record.write(Path(out) / "results.json"))
+                log.info("results: %s", record.write(Path(out) / RECORD_FILE))
             objects["results"] = record.to_dict()
             _log_paper_comparison(built.loggers, objects["results"])
     finally:
@@ -433,7 +434,7 @@ def _write_failure(cfg: DictConfig, error: BaseException, wall_time_s: float) ->
         out = cfg.paths.get("output_dir") if cfg.get("paths") else None
         if not out:
             return
-        path = Path(out) / "results.json"
+        path = Path(out) / RECORD_FILE
         if getattr(RunRecord.read(path), "status", None) == "done":
             return
         RunRecord(status="failed", error=f"{type(error).__name__}: {error}"[:2000],

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from diffrank.experiments.records.record import RunRecord
+from diffrank.experiments.records.record import RECORD_FILE, RunRecord
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Job:
     @property
     def done(self) -> bool:
         """A complete ``results.json`` with ``status: done`` is in the folder."""
-        rec = RunRecord.read(self.folder / "results.json")
+        rec = RunRecord.read(self.folder / RECORD_FILE)
         return rec is not None and rec.status == "done"
 
     @property
