@@ -19,6 +19,7 @@ from diffrank.experiments.analysis.report_pk import (
     parse_pk,
     run_from_record,
 )
+from diffrank.experiments.records.record import RunRecord
 
 WEIGHTS = {"[1,0,0,0,0]": [1.0], "[0,0,0,0,1]": [0, 0, 0, 0, 1.0], "[.5,0,0,0,.5]": [0.5, 0, 0, 0, 0.5],
            "[.25,0,0,0,.75]": [0.25, 0, 0, 0, 0.75], "[.1,0,0,0,.9]": [0.1, 0, 0, 0, 0.9],
@@ -68,15 +69,35 @@ def test_cells_average_seeds(tmp_path):
     assert collect([tmp_path], dataset="other") == []
 
 
+def test_one_paper_key_new_and_old_records_read_alike(tmp_path):
+    """A benchmark row's record carries its cell under the one ``paper`` key (``benchmark: <dataset>``); an older
+    record (``paper`` null, ``config.benchmark``) reads as the same cell. Neither is a reference row of the paper
+    report, which counts them as skipped, as it always did."""
+    old = _record("neuralsort", "[.5,0,0,0,.5]", 0, 70.0, 95.0)
+    new = {**old, "paper": {"benchmark": "fashion_pairs", "method": "neuralsort", "operator": "neuralsort",
+                            "pk": "[.5,0,0,0,.5]"}, "config": {"pk": old["config"]["pk"]}}
+    for rec in (RunRecord.from_dict(old), RunRecord.from_dict(new)):
+        assert rec.benchmark_cell == {"dataset": "fashion_pairs", "method": "neuralsort", "operator": "neuralsort",
+                                      "pk": "[.5,0,0,0,.5]"}
+        assert rec.table_row is None and run_from_record(rec).top1 == pytest.approx(70.0)
+    _write(tmp_path, 0, old)
+    _write(tmp_path, 1, {**new, "seed": 1})
+    assert grid(collect([tmp_path]))[("neuralsort", "[.5,0,0,0,.5]")]["n"] == 2
+    result = report.collect([tmp_path])
+    assert result["skipped"] == 2 and result["runs"] == 0 and not result["unmatched"]
+    row = {"paper": "petersen_thesis_2022", "table": "7.1"}
+    assert RunRecord(paper=row).table_row == row and RunRecord(paper=row).benchmark_cell is None
+
+
 def test_bad_records_raise(tmp_path):
     rec = _record("neuralsort", "[.5,0,0,0,.5]", 0, 70, 95)
     rec["config"]["pk"]["weights"] = [0.2] * 5
     with pytest.raises(ValueError, match="trained with"):
-        run_from_record(rec)
+        run_from_record(RunRecord.from_dict(rec))
     rec = _record("neuralsort", "[.5,0,0,0,.5]", 0, 70, 95)
     del rec["config"]["benchmark"]["pk"]
     with pytest.raises(ValueError, match="lacks"):
-        run_from_record(rec)
+        run_from_record(RunRecord.from_dict(rec))
     with pytest.raises(FileNotFoundError):
         collect([tmp_path / "nowhere"])
 

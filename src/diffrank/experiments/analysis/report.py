@@ -7,7 +7,7 @@ The report over run folders is this module's command line (:func:`main`; :func:`
 
 (also ``diffrank-report`` and ``scripts/compare_to_paper.py``; ``RUN_DIR`` may also be, or hold, run archives:
 :mod:`diffrank.experiments.records.archive`): ``report.md`` and ``report.png`` in ``--out``,
-the tables on the console, and, for runs of the offline P_K benchmark (``benchmark:`` key instead of ``paper:``,
+the tables on the console, and, for runs of the offline P_K benchmark (a ``paper:`` key with a ``benchmark`` field,
 :mod:`diffrank.experiments.analysis.report_pk`), their P_K x method grid beside the paper's CIFAR-100 one in
 ``pk_<dataset>.md``. Training runs with a W&B logger log their own row of the comparison (:func:`collect_runs` on
 the run's record). Later experiments add their tables by giving their configs a ``paper:`` key over the
@@ -53,7 +53,7 @@ from typing import Any
 
 from diffrank import reference
 from diffrank.experiments.records.archive import find_records
-from diffrank.experiments.records.record import RunRecord
+from diffrank.experiments.records.record import BENCHMARK, RunRecord
 
 # the columns that identify a reference row to a reader; shown when they vary inside a table
 SIGNIFICANCE = 0.05  # thesis §7.5.1: "significance tests (significance level 0.05)"
@@ -150,7 +150,7 @@ def collect_runs(records: Iterable[tuple[str | Path, dict[str, Any]]], metric_pr
     for path, run in records:
         path = Path(path)
         paper = run.get("paper")
-        if not isinstance(paper, dict):
+        if not isinstance(paper, dict) or BENCHMARK in paper:  # a benchmark cell: no reference row (report_pk's)
             skipped += 1
             continue
         runs += 1

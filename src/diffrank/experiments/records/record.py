@@ -158,6 +158,8 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
 
 SCHEMA = 2  # 1: records written before RunRecord (no "schema" key)
 RECORD_FILE = "results.json"  # the name of a run's record in its run folder: every reader and writer uses this
+# the field of a ``paper`` key that marks a cell of a published table's grid run on another dataset (its value)
+BENCHMARK = "benchmark"
 
 
 @dataclass
@@ -169,7 +171,9 @@ class RunRecord:
     here only (:meth:`from_dict` upgrades older records).
 
     Fields (JSON types): ``status`` ("done" | "failed" | "incomplete"); ``schema`` (:data:`SCHEMA`);
-    ``metrics`` (``{"test/top1": fraction, ...}``); ``paper`` (the row's key in the reference tables, or None),
+    ``metrics`` (``{"test/top1": fraction, ...}``); ``paper`` (the one key saying which published table the run
+    belongs to, or None: a reference row's columns, :attr:`table_row`; or, with a ``benchmark`` field, a cell of a
+    published grid on another dataset, :attr:`benchmark_cell`),
     ``variant_of`` (old records only: the row a run of it with another method varied; such runs are refused now);
     ``choices`` (config
     groups used), ``overrides`` (Hydra task overrides), ``config`` (unresolved config); ``seed``, ``split_seed``;
@@ -222,7 +226,9 @@ class RunRecord:
 
         Schema 1 fallbacks: ``optimizer_steps`` ← ``global_step``; ``global_batch`` ← ``data.batch_size`` of
         the overrides, then of the config; ``status`` ← "done" when it has metrics, else "incomplete";
-        ``variant_of`` keys ``paper_operator`` / ``operator`` → ``paper_method`` / ``method``.
+        ``variant_of`` keys ``paper_operator`` / ``operator`` → ``paper_method`` / ``method``. Any schema: a run
+        of a benchmark row written before the one ``paper`` key (``paper`` null, ``config.benchmark:
+        {dataset, method, operator, pk}``) gets ``paper = {benchmark: <dataset>, method, operator, pk}``.
         """
         names = {f.name for f in fields(cls)} - {"extra"}
         known = {k: v for k, v in data.items() if k in names}
@@ -242,6 +248,9 @@ class RunRecord:
         rec.metrics = rec.metrics or {}
         rec.overrides = [str(o) for o in rec.overrides or []]
         rec.config = rec.config or {}
+        bench = rec.config.get(BENCHMARK)
+        if rec.paper is None and isinstance(bench, dict):
+            rec.paper = {BENCHMARK: bench.get("dataset"), **{k: v for k, v in bench.items() if k != "dataset"}}
         return rec
 
     def to_dict(self) -> dict[str, Any]:
@@ -279,6 +288,22 @@ class RunRecord:
         """Optimizer steps taken, else the planned ``trainer.max_steps`` (None when neither is known)."""
         return self.optimizer_steps if self.optimizer_steps is not None \
             else self.planned("trainer.max_steps", ("trainer", "max_steps"))
+
+    @property
+    def table_row(self) -> dict[str, Any] | None:
+        """The reference row this run reproduces: its ``paper`` key, the columns of a row of
+        :mod:`diffrank.reference` (``{"paper": "petersen_thesis_2022", "table": "7.1", "method": ..., ...}``); None
+        for a run of no published row, or of a benchmark cell (:attr:`benchmark_cell`)."""
+        return self.paper if isinstance(self.paper, dict) and BENCHMARK not in self.paper else None
+
+    @property
+    def benchmark_cell(self) -> dict[str, Any] | None:
+        """The cell of a published grid this run measures on another dataset (``paper: {benchmark: <dataset>,
+        method, operator, pk}``: Petersen et al. ICML 2022 Table 4's P_K x method grid on Fashion-MNIST pairs) as
+        ``{"dataset": <dataset>, "method", "operator", "pk"}``; None for any other run."""
+        if not isinstance(self.paper, dict) or BENCHMARK not in self.paper:
+            return None
+        return {"dataset": self.paper[BENCHMARK], **{k: v for k, v in self.paper.items() if k != BENCHMARK}}
 
     @property
     def optimized_metric(self) -> str | None:
