@@ -115,7 +115,7 @@ def job_row(job: Path) -> dict[str, Any]:
         metrics={k: v for k, v in rec.metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
         wall_time_s=rec.wall_time_s, optimizer_steps=rec.optimizer_steps, world_size=rec.world_size,
         global_batch=rec.global_batch, optimized_metric=rec.optimized_metric,
-        optimized_mode=rec.config.get("optimized_mode"), error=rec.error,
+        optimized_mode=rec.optimized_mode, error=rec.error,
     )
     return row
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import re
@@ -309,3 +310,66 @@ class RunRecord:
     def optimized_metric(self) -> str | None:
         """The config's ``optimized_metric`` (the selection metric), if any."""
         return self.config.get("optimized_metric")
+
+    @property
+    def optimized_mode(self) -> str | None:
+        """The config's ``optimized_mode`` (``"max"`` / ``"min"`` for :attr:`optimized_metric`), if any."""
+        return self.config.get("optimized_mode")
+
+    @property
+    def budget(self) -> str:
+        """``"<steps>×<global batch>"``: optimizer steps actually taken (:attr:`steps`) times the sets / images per
+        step over all DDP ranks (``"?"`` when either is unknown), with the precision appended when it is not
+        float32 (``"10000×4 bf16-mixed"``: such a run is not a seed of the float32 runs)."""
+        steps, batch = self.steps, self.global_batch
+        budget = f"{steps}×{batch}" if steps is not None and batch is not None else "?"
+        precision = str(self.planned("trainer.precision", ("trainer", "precision")) or "32-true")
+        return budget if precision in ("32-true", "32", "32-bit") else f"{budget} {precision}"
+
+    @property
+    def beta(self) -> float | None:
+        """The operator's inverse temperature β as configured (``config.operator.beta``, docs/conventions.md);
+        None for a run without an operator or whose β is not a number."""
+        op = self.config.get("operator")
+        beta = op.get("beta") if isinstance(op, dict) else None
+        try:
+            return None if beta is None else float(beta)
+        except (TypeError, ValueError):
+            return None
+
+    @property
+    def tikhonov(self) -> str:
+        """The Tikhonov λ of a Newton-loss run (``config.newton``, Petersen thesis §7.3) as printed (``"0.1"``);
+        ``""`` for a run without a Newton loss."""
+        newton = self.config.get("newton")
+        if not isinstance(newton, dict) or newton.get("variant") in (None, "none") or newton.get("tikhonov") is None:
+            return ""
+        try:
+            return f"{float(newton['tikhonov']):g}"
+        except (TypeError, ValueError):
+            return str(newton["tikhonov"])
+
+    @property
+    def device_kind(self) -> str:
+        """The kind of device the run trained on: :attr:`device` up to its details (``"cpu"``, ``"NVIDIA H100
+        80GB HBM3"``; ``""`` when not recorded)."""
+        return str(self.device or "").split(" (", 1)[0].strip()
+
+    @property
+    def data_kind(self) -> str:
+        """What the run's data was when it is not its row's: ``"synthetic"`` for generated stand-in data
+        (:attr:`synthetic_data`), ``"data=<config>"`` for a data group swapped on the command line
+        (``data=digits_sort``: an offline check of an MNIST row), ``""`` for the row's own data."""
+        if self.synthetic_data:
+            return "synthetic"
+        swapped = [o.split("=", 1)[1] for o in self.overrides if o.lstrip("+~").startswith("data=")]
+        return f"data={swapped[-1]}" if swapped else ""
+
+    @property
+    def val_score(self) -> float:
+        """The run's validation score for choosing among its runs: ``val/top1_best``, else its
+        :attr:`optimized_metric`, else ``val/top1`` (the first that is a number); NaN when none is."""
+        for name in ("val/top1_best", self.optimized_metric, "val/top1"):
+            if isinstance(name, str) and isinstance(self.metrics.get(name), (int, float)):
+                return float(self.metrics[name])
+        return math.nan
