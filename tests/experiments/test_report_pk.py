@@ -168,3 +168,20 @@ def test_paper_report_includes_the_grid(tmp_path, capsys):
     report.main([str(tmp_path / "runs"), "--out", str(tmp_path / "report")])
     assert "66.00 / 93.00" in capsys.readouterr().out
     assert "DIFFERENT DATASET" in (tmp_path / "report" / "pk_fashion_pairs.md").read_text()
+
+
+def test_make_report_reads_every_record_once(tmp_path, monkeypatch, capsys):
+    """One pass of the report: the paper tables and the P_K grid come from one read of each results.json."""
+    from diffrank.experiments.records import archive
+
+    _write(tmp_path / "runs", 0, _record("softsort", "[.2,.2,.2,.2,.2]", 0, 66.0, 93.0))
+    _write(tmp_path / "runs", 1, {"status": "done", "metrics": {"test/em": 0.8, "test/ew": 0.9},
+                                  "paper": {"paper": "petersen_thesis_2022", "table": "3.7", "dataset": "mnist4",
+                                            "method": "Cauchy CDF", "network": "odd_even", "n": 5}})
+    reads = []
+    read = archive.RunRecord.read
+    monkeypatch.setattr(archive.RunRecord, "read", lambda path: reads.append(path) or read(path))
+    result = report.write_report([tmp_path / "runs"], tmp_path / "report", quiet=True)
+    assert sorted(p.parent.name for p in reads) == ["0", "1"]  # each file once
+    assert result["runs"] == 1 and result["skipped"] == 1 and not result["unmatched"]
+    assert (tmp_path / "report" / "pk_fashion_pairs.md").exists()

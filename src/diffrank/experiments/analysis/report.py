@@ -472,7 +472,8 @@ def write_report(paths: Iterable[str | Path], out: str | Path = "outputs/report"
                  quiet: bool = False) -> dict[str, Any]:
     """The report over run folders: ``report.md`` and ``report.png`` (when there is something to plot) in ``out``,
     the tables on the console (unless ``quiet``), and ``pk_<dataset>.md`` per offline P_K benchmark dataset
-    (:func:`diffrank.experiments.analysis.report_pk.reports`); the last line printed names the files.
+    (:func:`diffrank.experiments.analysis.report_pk.reports`); the last line printed names the files. Every
+    record is read once (:func:`~diffrank.experiments.records.archive.find_records`) for all the sections.
 
     Args:
         paths: run folders (searched recursively for ``results.json`` and run archives) or such files.
@@ -488,8 +489,8 @@ def write_report(paths: Iterable[str | Path], out: str | Path = "outputs/report"
     """
     from diffrank.experiments.analysis.report_pk import reports
 
-    paths = list(paths)
-    result = collect(paths, metric_prefix)
+    records = find_records(paths)
+    result = collect_runs(records, metric_prefix, copies=True)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text(markdown(result))
@@ -497,7 +498,7 @@ def write_report(paths: Iterable[str | Path], out: str | Path = "outputs/report"
     if not quiet:
         print_console(result)
     # benchmarks on other datasets than the paper's (no paper key): our P_K x method grid beside the paper's
-    for dataset, text in reports(paths).items():
+    for dataset, text in reports(records).items():
         (out / f"pk_{dataset}.md").write_text(f"```\n{text}\n```\n")
         if not quiet:
             print(text)

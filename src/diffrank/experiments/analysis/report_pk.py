@@ -129,8 +129,18 @@ def collect(paths: Iterable[str | Path], dataset: str | None = None) -> list[Run
         FileNotFoundError: a path that does not exist.
         ValueError: a malformed benchmark cell (see :func:`run_from_record`) or run archive.
     """
+    return benchmark_runs(find_records(paths), dataset)
+
+
+def benchmark_runs(records: Iterable[tuple[str | Path, RunRecord]], dataset: str | None = None) -> list[Run]:
+    """The finished benchmark runs among ``(path, record)`` pairs (:func:`run_from_record`), optionally only those
+    of ``dataset``.
+
+    Raises:
+        ValueError: a malformed benchmark cell (see :func:`run_from_record`).
+    """
     runs = []
-    for f, rec in find_records(paths):
+    for f, rec in records:
         run = run_from_record(rec, str(f))
         if run and (dataset is None or run.dataset == dataset):
             runs.append(run)
@@ -291,14 +301,15 @@ def format_report(ours: Grid, paper: Grid | None = None, dataset: str = "") -> s
     return "\n".join(lines)
 
 
-def reports(paths: Iterable[str | Path]) -> dict[str, str]:
-    """One :func:`format_report` text per benchmark dataset found under ``paths`` (``{}`` when there is none):
-    the hook for :func:`diffrank.experiments.analysis.report.write_report` and :func:`main`.
+def reports(records: Iterable[tuple[str | Path, RunRecord]]) -> dict[str, str]:
+    """One :func:`format_report` text per benchmark dataset among ``(path, record)`` pairs (``{}`` when there is
+    none): the hook for :func:`diffrank.experiments.analysis.report.write_report`, which reads the records once for
+    all its sections (:func:`diffrank.experiments.records.archive.find_records`), and :func:`main`.
 
     Raises:
-        FileNotFoundError / ValueError: see :func:`collect`.
+        ValueError: a malformed benchmark cell (see :func:`run_from_record`).
     """
-    runs = collect(paths)
+    runs = benchmark_runs(records)
     return {ds: format_report(grid([r for r in runs if r.dataset == ds]), dataset=ds)
             for ds in sorted({r.dataset for r in runs})}
 
@@ -315,7 +326,7 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     ap.add_argument("paths", nargs="+", help="run or sweep folders (searched recursively for results.json)")
     ap.add_argument("--out", default=None, help="also write pk_<dataset>.md into this folder")
     a = ap.parse_args(argv)
-    texts = reports(a.paths)
+    texts = reports(find_records(a.paths))
     if not texts:
         raise SystemExit(f"no finished benchmark run (results.json whose paper key has a 'benchmark' field) "
                          f"under {a.paths}")
@@ -328,8 +339,8 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     return texts
 
 
-__all__ = ["CLAIMS", "Claim", "Run", "canonical_pk", "check_orderings", "collect", "format_report", "grid", "main",
-           "paper_grid", "parse_pk", "reports", "run_from_record"]
+__all__ = ["CLAIMS", "Claim", "Run", "benchmark_runs", "canonical_pk", "check_orderings", "collect", "format_report",
+           "grid", "main", "paper_grid", "parse_pk", "reports", "run_from_record"]
 
 
 if __name__ == "__main__":
