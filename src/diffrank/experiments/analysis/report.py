@@ -13,15 +13,15 @@ the tables on the console, and, for runs of the offline P_K benchmark (a ``paper
 the run's record). Later experiments add their tables by giving their configs a ``paper:`` key over the
 reference columns and shipping the reference CSV in ``src/diffrank/reference/``; nothing here needs to change.
 
-Every record whose ``paper`` field is a dict is matched to the reference rows whose columns equal every field
-of that dict. Each matched row (one per metric) becomes a line: the published value, our mean ± sample std
+Every record whose ``paper`` field names a reference row (a dict without a ``benchmark`` field:
+:attr:`~diffrank.experiments.records.record.RunRecord.table_row`) is matched to the reference rows whose columns equal
+every field of that dict. Each matched row (one per metric) becomes a line: the published value, our mean ± sample std
 over the runs (seeds) sharing the same ``paper`` key, Δ = ours − paper, and the number of runs. Our metric for a
-reference metric ``M`` is ``<prefix><m>`` with m = M lower-cased (``EM`` → ``test/em``, ``top1`` →
-``test/top1``); our fractions are shown in % unless the reference row's note says it is printed as a fraction.
-Older records of a table row run with another operator (``paper`` null, ``variant_of`` the row; such runs are
-refused now) are skipped, never shown as the row's method. The budget column is the optimizer steps actually
-taken × the global batch
-(``results.json`` fields ``optimizer_steps`` / ``global_batch``, summed over DDP ranks; older records:
+reference metric ``M`` is ``<prefix><m>`` with m = M lower-cased (``EM`` → ``test/em``, ``top1`` → ``test/top1``); our
+fractions are shown in % unless the reference row's note says it is printed as a fraction. Older records of a table row
+run with another operator (``paper`` null, ``variant_of`` the row; such runs are refused now) are skipped, never shown
+as the row's method. The budget column is the optimizer steps actually taken × the global batch (``results.json`` fields
+``optimizer_steps`` / ``global_batch``, summed over DDP ranks; older records:
 :meth:`~diffrank.experiments.records.record.RunRecord.from_dict`).
 
 Temperature sweeps: when the runs of one ``paper`` key differ in ``operator.beta`` (a row whose temperature is
