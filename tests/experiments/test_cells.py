@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from diffrank.experiments.records.record import RunRecord
+from diffrank.experiments.records.folder import LAST_CHECKPOINT, FolderState, folder_state
+from diffrank.experiments.records.record import RECORD_FILE, RunRecord
 from diffrank.experiments.tools import cells
 
 
@@ -22,15 +23,39 @@ def test_jobs_cross_grid_and_seeds(tmp_path):
 
 def test_job_state_and_resume_command(tmp_path):
     (job,) = cells.jobs("e", [0], [], [], tmp_path)
-    assert not job.done and job.resume_from is None and not any("ckpt_path" in c for c in job.command())
+    assert job.state == FolderState("new") and not any("ckpt_path" in c for c in job.command())
     (job.folder / "checkpoints").mkdir(parents=True)
     (job.folder / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    assert job.state.action == "resume"
     assert job.command()[-1] == f"ckpt_path={(job.folder / 'checkpoints' / 'last.ckpt').resolve()}"
     assert f"hydra.run.dir={job.folder}" in job.command()
-    RunRecord(status="failed").write(job.folder / "results.json")
-    assert not job.done
-    RunRecord(status="done").write(job.folder / "results.json")
-    assert job.done
+    RunRecord(status="failed").write(job.folder / RECORD_FILE)
+    assert job.state.action == "resume"
+    RunRecord(status="done").write(job.folder / RECORD_FILE)
+    assert job.state.action == "done"
+
+
+def test_folder_state_is_the_one_decision(tmp_path):
+    """done / resume / new of a run folder, for both runners: a finished record (same overrides and the selection
+    metric when asked), else a checkpoint to resume from (none to pass when Lightning's SLURM requeue checkpoint
+    is there: Lightning resumes from it itself), else new."""
+    assert folder_state(tmp_path / "missing") == FolderState("new")
+    (tmp_path / "a.torn").mkdir()
+    (tmp_path / "a.torn" / RECORD_FILE).write_text('{"status": "done", "overr')  # never written by us
+    assert folder_state(tmp_path / "a.torn") == FolderState("new")
+    done = RunRecord(status="done", overrides=["seed=1", "operator.beta=2"], metrics={"val/em": 0.5})
+    done.write(tmp_path / RECORD_FILE)
+    assert folder_state(tmp_path).action == "done" and folder_state(tmp_path).record.metrics == {"val/em": 0.5}
+    assert folder_state(tmp_path, ["operator.beta=2", "seed=1"], "val/em").action == "done"
+    assert folder_state(tmp_path, ["seed=1"]).action == "new"  # another job's record
+    assert folder_state(tmp_path, None, "val/em5").action == "new"  # it did not measure what selects it
+    last = tmp_path / LAST_CHECKPOINT
+    last.parent.mkdir()
+    last.write_bytes(b"x")
+    assert folder_state(tmp_path, ["seed=1"]) == FolderState("resume", done, last)
+    (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(b"x")
+    assert folder_state(tmp_path, ["seed=1"]) == FolderState("resume", done, None)
+    assert folder_state(tmp_path).action == "done"
 
 
 def test_queue_skips_finished_and_counts(tmp_path, monkeypatch):

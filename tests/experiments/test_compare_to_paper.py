@@ -9,6 +9,7 @@ import pytest
 
 from diffrank import reference
 from diffrank.experiments.analysis import report
+from diffrank.experiments.records.record import RunRecord
 
 CAUCHY5 = {"paper": "petersen_thesis_2022", "table": "3.7", "dataset": "mnist4", "method": "Cauchy CDF",
            "network": "odd_even", "n": 5}
@@ -124,9 +125,9 @@ def test_budget_is_the_steps_actually_trained(tmp_path):
     runs = tmp_path / "runs"
     _write(runs, "long", CAUCHY5, {"test/em": 0.70, "test/ew": 0.86}, steps=200000, batch=100)
     record = json.loads((runs / "long" / "results.json").read_text())
-    assert report.run_budget(record) == "200000×100"
+    assert RunRecord.from_dict(record).budget == "200000×100"
     record["global_step"] = 3469
-    assert report.run_budget(record) == "3469×100"
+    assert RunRecord.from_dict(record).budget == "3469×100"
 
 
 def test_variant_of_a_row_is_never_labelled_with_its_paper_row(tmp_path):
@@ -149,8 +150,8 @@ def test_budget_uses_the_global_batch_and_optimizer_steps_of_ddp_runs(tmp_path):
     record = {"paper": CAUCHY5, "metrics": {"test/em": 0.7}, "overrides": ["data.batch_size=64"],
               "config": {"trainer": {"max_steps": 99}, "data": {"batch_size": 64}}, "global_step": 0,
               "optimizer_steps": 57, "world_size": 2, "per_device_batch": 32, "global_batch": 64}
-    assert report.run_budget(record) == "57×64"
-    result = report.collect_runs([(tmp_path / "r" / "results.json", record)])
+    assert RunRecord.from_dict(record).budget == "57×64"
+    result = report.collect_runs([(tmp_path / "r" / "results.json", RunRecord.from_dict(record))])
     em = next(ln for ln in result["tables"][("petersen_thesis_2022", "3.7")] if ln["metric"] == "EM")
     assert em["budget"] == "57×64" and em["mean"] == pytest.approx(70.0)
 
@@ -198,11 +199,11 @@ def test_copied_baselines_show_the_originals_runs_once(tmp_path):
     md = (tmp_path / "report" / "report.md").read_text()
     assert "## struski_lapsum_icml2025, Table 1" in md and "reprint petersen_difftopk_icml2022 Table 1" in md
     # a table whose originals alone have runs still gets its section; without copies=True (W&B) it does not
-    only_icml = report.collect_runs([(tmp_path / "ns/0/results.json", json.loads(
-        (tmp_path / "ns/0/results.json").read_text()))], copies=True)
+    only_icml = report.collect_runs([(tmp_path / "ns/0/results.json", RunRecord.read(tmp_path / "ns/0/results.json"))],
+                                    copies=True)
     assert ("struski_lapsum_icml2025", "1") in only_icml["tables"]
-    assert ("struski_lapsum_icml2025", "1") not in report.collect_runs([(tmp_path / "ns/0/results.json", json.loads(
-        (tmp_path / "ns/0/results.json").read_text()))])["tables"]
+    assert ("struski_lapsum_icml2025", "1") not in report.collect_runs(
+        [(tmp_path / "ns/0/results.json", RunRecord.read(tmp_path / "ns/0/results.json"))])["tables"]
 
 
 def test_copy_source_finds_one_original():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,25 @@ def test_schema1_fallbacks_of_the_earliest_records():
     assert rec.global_batch == 8
     rec = RunRecord.from_dict({"config": {"trainer": {"max_steps": 50}}})
     assert (rec.status, rec.optimizer_steps, rec.steps) == ("incomplete", None, 50)
+
+
+def test_accessors_the_readers_use():
+    """What the report, the P_K report and the sweep summary read, read once here: budget (steps actually taken ×
+    global batch, precision when not float32), β, the Newton λ, the kind of device, other data, the validation
+    score, the reference row."""
+    row = {"paper": "petersen_thesis_2022", "table": "7.1", "method": "Newton L. (F)"}
+    rec = RunRecord.from_dict({
+        "schema": SCHEMA, "paper": row, "optimizer_steps": 550, "global_batch": 100,
+        "overrides": ["operator.beta=4", "data=digits_sort"], "device": "NVIDIA H100 80GB HBM3 (CUDA 13.0, cuDNN 9)",
+        "metrics": {"val/top1": 0.5, "val/acc": 0.75},
+        "config": {"operator": {"beta": "0.25"}, "newton": {"variant": "fisher", "tikhonov": 0.1},
+                   "optimized_metric": "val/acc", "optimized_mode": "max", "trainer": {"precision": "bf16-mixed"}}})
+    assert rec.budget == "550×100 bf16-mixed" and rec.beta == 0.25 and rec.tikhonov == "0.1"
+    assert rec.device_kind == "NVIDIA H100 80GB HBM3" and rec.data_kind == "data=digits_sort"
+    assert rec.val_score == 0.75 and rec.optimized_mode == "max"  # optimized_metric before val/top1
+    assert rec.table_row == row and rec.benchmark_cell is None
+    bare = RunRecord()
+    assert bare.budget == "?" and bare.beta is None and bare.tikhonov == "" and bare.device_kind == ""
+    assert bare.data_kind == "" and math.isnan(bare.val_score) and bare.table_row is None
+    assert RunRecord(synthetic_data=True, overrides=["data=digits_sort"]).data_kind == "synthetic"
+    assert RunRecord(config={"newton": {"variant": "none", "tikhonov": 1}}).tikhonov == ""

@@ -19,6 +19,7 @@ from diffrank.experiments.analysis.report_pk import (
     parse_pk,
     run_from_record,
 )
+from diffrank.experiments.records.record import RunRecord
 
 WEIGHTS = {"[1,0,0,0,0]": [1.0], "[0,0,0,0,1]": [0, 0, 0, 0, 1.0], "[.5,0,0,0,.5]": [0.5, 0, 0, 0, 0.5],
            "[.25,0,0,0,.75]": [0.25, 0, 0, 0, 0.75], "[.1,0,0,0,.9]": [0.1, 0, 0, 0, 0.9],
@@ -68,15 +69,35 @@ def test_cells_average_seeds(tmp_path):
     assert collect([tmp_path], dataset="other") == []
 
 
+def test_one_paper_key_new_and_old_records_read_alike(tmp_path):
+    """A benchmark row's record carries its cell under the one ``paper`` key (``benchmark: <dataset>``); an older
+    record (``paper`` null, ``config.benchmark``) reads as the same cell. Neither is a reference row of the paper
+    report, which counts them as skipped, as it always did."""
+    old = _record("neuralsort", "[.5,0,0,0,.5]", 0, 70.0, 95.0)
+    new = {**old, "paper": {"benchmark": "fashion_pairs", "method": "neuralsort", "operator": "neuralsort",
+                            "pk": "[.5,0,0,0,.5]"}, "config": {"pk": old["config"]["pk"]}}
+    for rec in (RunRecord.from_dict(old), RunRecord.from_dict(new)):
+        assert rec.benchmark_cell == {"dataset": "fashion_pairs", "method": "neuralsort", "operator": "neuralsort",
+                                      "pk": "[.5,0,0,0,.5]"}
+        assert rec.table_row is None and run_from_record(rec).top1 == pytest.approx(70.0)
+    _write(tmp_path, 0, old)
+    _write(tmp_path, 1, {**new, "seed": 1})
+    assert grid(collect([tmp_path]))[("neuralsort", "[.5,0,0,0,.5]")]["n"] == 2
+    result = report.collect([tmp_path])
+    assert result["skipped"] == 2 and result["runs"] == 0 and not result["unmatched"]
+    row = {"paper": "petersen_thesis_2022", "table": "7.1"}
+    assert RunRecord(paper=row).table_row == row and RunRecord(paper=row).benchmark_cell is None
+
+
 def test_bad_records_raise(tmp_path):
     rec = _record("neuralsort", "[.5,0,0,0,.5]", 0, 70, 95)
     rec["config"]["pk"]["weights"] = [0.2] * 5
     with pytest.raises(ValueError, match="trained with"):
-        run_from_record(rec)
+        run_from_record(RunRecord.from_dict(rec))
     rec = _record("neuralsort", "[.5,0,0,0,.5]", 0, 70, 95)
     del rec["config"]["benchmark"]["pk"]
     with pytest.raises(ValueError, match="lacks"):
-        run_from_record(rec)
+        run_from_record(RunRecord.from_dict(rec))
     with pytest.raises(FileNotFoundError):
         collect([tmp_path / "nowhere"])
 
@@ -147,3 +168,20 @@ def test_paper_report_includes_the_grid(tmp_path, capsys):
     report.main([str(tmp_path / "runs"), "--out", str(tmp_path / "report")])
     assert "66.00 / 93.00" in capsys.readouterr().out
     assert "DIFFERENT DATASET" in (tmp_path / "report" / "pk_fashion_pairs.md").read_text()
+
+
+def test_make_report_reads_every_record_once(tmp_path, monkeypatch, capsys):
+    """One pass of the report: the paper tables and the P_K grid come from one read of each results.json."""
+    from diffrank.experiments.records import archive
+
+    _write(tmp_path / "runs", 0, _record("softsort", "[.2,.2,.2,.2,.2]", 0, 66.0, 93.0))
+    _write(tmp_path / "runs", 1, {"status": "done", "metrics": {"test/em": 0.8, "test/ew": 0.9},
+                                  "paper": {"paper": "petersen_thesis_2022", "table": "3.7", "dataset": "mnist4",
+                                            "method": "Cauchy CDF", "network": "odd_even", "n": 5}})
+    reads = []
+    read = archive.RunRecord.read
+    monkeypatch.setattr(archive.RunRecord, "read", lambda path: reads.append(path) or read(path))
+    result = report.write_report([tmp_path / "runs"], tmp_path / "report", quiet=True)
+    assert sorted(p.parent.name for p in reads) == ["0", "1"]  # each file once
+    assert result["runs"] == 1 and result["skipped"] == 1 and not result["unmatched"]
+    assert (tmp_path / "report" / "pk_fashion_pairs.md").exists()

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from conftest import CONFIGS
 from diffrank.experiments.analysis import report as compare
+from diffrank.experiments.records.record import RunRecord
 
 PAPER = "petersen_difftopk_icml2022"
 
@@ -111,7 +112,7 @@ def test_table6_reports_top10_and_top20(report):
 
 def test_beta_selection_rules():
     def run(beta, val):
-        return {"config": {"operator": {"beta": beta}}, "metrics": {"val/top1_best": val}}
+        return RunRecord(config={"operator": {"beta": beta}}, metrics={"val/top1_best": val})
 
     members = [("a", run(1.0, 0.5)), ("b", run(2.0, 0.7)), ("c", run(2.0, 0.6)), ("d", run(4.0, float("nan")))]
     kept, note = compare.select_beta(members)

@@ -14,6 +14,7 @@ from conftest import CONFIGS, options
 from diffrank import reference
 from diffrank.experiments.analysis import report
 from diffrank.experiments.models.nets import FullyConnected, LeNet5
+from diffrank.experiments.records.record import RunRecord
 from diffrank.experiments.run.composition import row_newton
 from diffrank.experiments.run.train import train
 from experiments.data.image_files import write_mnist
@@ -103,11 +104,11 @@ def test_fast_dev_run(compose_train, mnist_root, name):
     assert objects["results"]["paper"]["table"] == "7.1"
 
 
-def _record(method: str, operator: str, value: float, seed: int) -> tuple[str, dict]:
+def _record(method: str, operator: str, value: float, seed: int) -> tuple[str, RunRecord]:
     paper = {"paper": "petersen_thesis_2022", "table": "7.1", "dataset": "mnist", "model": "fc5_relu_100",
              "method": method, "setting": "optimizer=sgd;epochs=1;model_label=M1"}
-    return f"/runs/{operator}/{seed}/results.json", {"paper": paper, "metrics": {"test/top1": value},
-                                                     "optimizer_steps": 550, "global_batch": 100}
+    return f"/runs/{operator}/{seed}/results.json", RunRecord(paper=paper, metrics={"test/top1": value},
+                                                              optimizer_steps=550, global_batch=100)
 
 
 def test_report_compares_each_newton_variant_with_regular_by_welch():
@@ -137,7 +138,8 @@ def test_report_never_pools_devices():
     for device in ("cpu (AMD EPYC, 1 thread)", "NVIDIA H100 80GB HBM3 (CUDA 13.0)"):
         for i, v in enumerate((0.930, 0.932)):
             path, rec = _record("Regular", "softmax_ce", v, i)
-            records.append((path.replace("/runs/", f"/{device[:3]}/"), {**rec, "device": device}))
+            rec.device = device
+            records.append((path.replace("/runs/", f"/{device[:3]}/"), rec))
     lines = [ln for ln in report.collect_runs(records)["tables"][("petersen_thesis_2022", "7.1")] if ln["runs"]]
     assert sorted(ln["device"] for ln in lines) == ["NVIDIA H100 80GB HBM3", "cpu"]
     assert all(ln["runs"] == 2 for ln in lines)

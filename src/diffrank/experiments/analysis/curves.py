@@ -11,7 +11,7 @@ import argparse
 import csv
 from pathlib import Path
 
-from diffrank.experiments.records.record import RunRecord
+from diffrank.experiments.records.record import RECORD_FILE, RunRecord
 
 
 def read_curve(run_dir: str | Path, metric: str) -> list[tuple[int, float]]:
@@ -61,7 +61,7 @@ def plot(paths: list[str | Path], metric: str, out: str | Path, title: str | Non
         curve = read_curve(run, metric)
         if not curve:
             continue
-        rec = RunRecord.read(run / "results.json")
+        rec = RunRecord.read(run / RECORD_FILE)
         test = metric.replace("val/", "test/")
         label = run.name + (f" (test {scale * rec.metrics[test]:.2f})" if rec and test in rec.metrics else "")
         ax.plot([s for s, _ in curve], [scale * v for _, v in curve], marker="o", ms=3, label=label)

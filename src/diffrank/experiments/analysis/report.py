@@ -7,21 +7,21 @@ The report over run folders is this module's command line (:func:`main`; :func:`
 
 (also ``diffrank-report`` and ``scripts/compare_to_paper.py``; ``RUN_DIR`` may also be, or hold, run archives:
 :mod:`diffrank.experiments.records.archive`): ``report.md`` and ``report.png`` in ``--out``,
-the tables on the console, and, for runs of the offline P_K benchmark (``benchmark:`` key instead of ``paper:``,
+the tables on the console, and, for runs of the offline P_K benchmark (a ``paper:`` key with a ``benchmark`` field,
 :mod:`diffrank.experiments.analysis.report_pk`), their P_K x method grid beside the paper's CIFAR-100 one in
 ``pk_<dataset>.md``. Training runs with a W&B logger log their own row of the comparison (:func:`collect_runs` on
 the run's record). Later experiments add their tables by giving their configs a ``paper:`` key over the
 reference columns and shipping the reference CSV in ``src/diffrank/reference/``; nothing here needs to change.
 
-Every record whose ``paper`` field is a dict is matched to the reference rows whose columns equal every field
-of that dict. Each matched row (one per metric) becomes a line: the published value, our mean ± sample std
+Every record whose ``paper`` field names a reference row (a dict without a ``benchmark`` field:
+:attr:`~diffrank.experiments.records.record.RunRecord.table_row`) is matched to the reference rows whose columns equal
+every field of that dict. Each matched row (one per metric) becomes a line: the published value, our mean ± sample std
 over the runs (seeds) sharing the same ``paper`` key, Δ = ours − paper, and the number of runs. Our metric for a
-reference metric ``M`` is ``<prefix><m>`` with m = M lower-cased (``EM`` → ``test/em``, ``top1`` →
-``test/top1``); our fractions are shown in % unless the reference row's note says it is printed as a fraction.
-Older records of a table row run with another operator (``paper`` null, ``variant_of`` the row; such runs are
-refused now) are skipped, never shown as the row's method. The budget column is the optimizer steps actually
-taken × the global batch
-(``results.json`` fields ``optimizer_steps`` / ``global_batch``, summed over DDP ranks; older records:
+reference metric ``M`` is ``<prefix><m>`` with m = M lower-cased (``EM`` → ``test/em``, ``top1`` → ``test/top1``); our
+fractions are shown in % unless the reference row's note says it is printed as a fraction. Older records of a table row
+run with another operator (``paper`` null, ``variant_of`` the row; such runs are refused now) are skipped, never shown
+as the row's method. The budget column is the optimizer steps actually taken × the global batch (``results.json`` fields
+``optimizer_steps`` / ``global_batch``, summed over DDP ranks; older records:
 :meth:`~diffrank.experiments.records.record.RunRecord.from_dict`).
 
 Temperature sweeps: when the runs of one ``paper`` key differ in ``operator.beta`` (a row whose temperature is
@@ -71,48 +71,6 @@ def is_fraction(row: dict[str, str]) -> bool:
     return "fraction" in note and "x100" not in note and "×100" not in note
 
 
-def run_budget(run: dict[str, Any]) -> str:
-    """``steps×batch`` of a run: optimizer steps actually taken and the global batch (summed over DDP ranks);
-    the fallbacks of older records are :meth:`RunRecord.from_dict`'s. A run in another precision than float32
-    says so (``10000×4 bf16-mixed``): its numbers are not seeds of the float32 runs."""
-    rec = RunRecord.from_dict(run)
-    steps, batch = rec.steps, rec.global_batch
-    budget = f"{steps}×{batch}" if steps is not None and batch is not None else "?"
-    precision = str(rec.planned("trainer.precision", ("trainer", "precision")) or "32-true")
-    return budget if precision in ("32-true", "32", "32-bit") else f"{budget} {precision}"
-
-
-def run_tikhonov(run: dict[str, Any]) -> str:
-    """The Tikhonov λ of a Newton-loss run (``config.newton``, thesis §7.3) as printed, ``""`` without a Newton
-    loss: runs of another λ are not seeds of the row's λ and are reported on their own line."""
-    newton = (run.get("config") or {}).get("newton")
-    if not isinstance(newton, dict) or newton.get("variant") in (None, "none") or newton.get("tikhonov") is None:
-        return ""
-    try:
-        return f"{float(newton['tikhonov']):g}"
-    except (TypeError, ValueError):
-        return str(newton["tikhonov"])
-
-
-def run_device(run: dict[str, Any]) -> str:
-    """The kind of device a run trained on (``results.json`` ``device`` up to its details: ``"cpu"``, ``"NVIDIA
-    H100 80GB HBM3"``; ``""`` when not recorded). Runs of one seed on two devices are not independent seeds (same
-    initialisation and data order), so the report never pools devices."""
-    return str(run.get("device") or "").split(" (", 1)[0].strip()
-
-
-def run_data(run: dict[str, Any]) -> str:
-    """What a run's data was when it is not the row's: ``"synthetic"`` for generated stand-in data
-    (``results.json`` ``synthetic_data``), the data config for a row whose data group was swapped on the command
-    line (``data=digits_sort``: an offline check of an MNIST row is not an MNIST number), ``""`` for the row's
-    own data. The report never pools runs of different data and names it in a ``data`` column."""
-    if run.get("synthetic_data"):
-        return "synthetic"
-    swapped = [o.split("=", 1)[1] for o in run.get("overrides") or ()
-               if isinstance(o, str) and o.lstrip("+~").startswith("data=")]
-    return f"data={swapped[-1]}" if swapped else ""
-
-
 def collect(paths: Iterable[str | Path], metric_prefix: str = "test/") -> dict[str, Any]:
     """Match every run record under ``paths`` (``results.json`` files, folders searched recursively, and run
     archives: :func:`diffrank.experiments.records.archive.find_records`) to the reference rows (:func:`collect_runs` on
@@ -127,17 +85,22 @@ def collect(paths: Iterable[str | Path], metric_prefix: str = "test/") -> dict[s
         FileNotFoundError: a path that does not exist.
         ValueError: a malformed run archive.
     """
-    runs = [(path, rec.to_dict()) for path, rec in find_records(paths)]
-    return collect_runs(runs, metric_prefix, copies=True)
+    return collect_runs(find_records(paths), metric_prefix, copies=True)
 
 
-def collect_runs(records: Iterable[tuple[str | Path, dict[str, Any]]], metric_prefix: str = "test/",
+def collect_runs(records: Iterable[tuple[str | Path, RunRecord]], metric_prefix: str = "test/",
                  copies: bool = False) -> dict[str, Any]:
-    """Match in-memory ``results.json`` records to the reference rows (what :func:`collect` does after reading
-    the files; a finishing run calls it on its own record to log the comparison to W&B).
+    """Match run records to the reference rows (what :func:`collect` does after reading the files; a finishing
+    run calls it on its own record to log the comparison to W&B).
+
+    Runs are pooled (as seeds) when they share the reference row (:attr:`RunRecord.table_row`), the data
+    (:attr:`~RunRecord.data_kind`: generated or swapped-in data never pools with the row's), the budget
+    (:attr:`~RunRecord.budget`: a short check of a row is not one of its seeds), the Newton loss's λ
+    (:attr:`~RunRecord.tikhonov`) and the kind of device (:attr:`~RunRecord.device_kind`: a seed run on two devices
+    is one seed twice, same initialisation and data order).
 
     Args:
-        records: ``(path of the results.json, record)`` pairs; runs sharing a ``paper`` key are pooled (seeds).
+        records: ``(path of the results.json, record)`` pairs.
         metric_prefix: our metric for a reference metric ``M`` is ``<prefix><m>``, m = M lower-cased.
         copies: also show the tables that reprint a matched row (:func:`copy_lines`; the report does, a run's own
             W&B comparison does not).
@@ -145,19 +108,15 @@ def collect_runs(records: Iterable[tuple[str | Path, dict[str, Any]]], metric_pr
     Returns:
         The same dict as :func:`collect`; a copied row's line has ``copy_of`` (``"<paper> Table <table>"``).
     """
-    groups: dict[tuple, list[tuple[Path, dict[str, Any]]]] = defaultdict(list)
+    groups: dict[tuple, list[tuple[Path, RunRecord]]] = defaultdict(list)
     unmatched, skipped, runs = [], 0, 0
-    for path, run in records:
-        path = Path(path)
-        paper = run.get("paper")
-        if not isinstance(paper, dict):
+    for path, rec in records:
+        row = rec.table_row
+        if row is None:  # no paper key, an older variant run, or a benchmark cell (report_pk's)
             skipped += 1
             continue
         runs += 1
-        # runs on other data (generated, or a swapped data group) never pool with runs on the row's data, nor
-        # runs of another budget (a short check of a row is not one of its seeds), λ or device
-        groups[(_key(paper), run_data(run), run_budget(run), run_tikhonov(run),
-                run_device(run))].append((path, run))
+        groups[(_key(row), rec.data_kind, rec.budget, rec.tikhonov, rec.device_kind)].append((Path(path), rec))
     tables: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for (key, data, budget, tikhonov, device), members in groups.items():
         try:
@@ -259,9 +218,9 @@ def _vs_regular(ln: dict[str, Any], digits: int) -> tuple[str, str]:
     return ("+" if paper != "—" and not paper.startswith("-") else "") + paper, ours
 
 
-def _metric(path: str | Path, run: dict[str, Any], name: str) -> float | None:
-    """``run``'s metric ``name`` as a float; None when absent, or (with a warning naming the file) not a number."""
-    value = (run.get("metrics") or {}).get(name)
+def _metric(path: str | Path, rec: RunRecord, name: str) -> float | None:
+    """``rec``'s metric ``name`` as a float; None when absent, or (with a warning naming the file) not a number."""
+    value = rec.metrics.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -270,42 +229,24 @@ def _metric(path: str | Path, run: dict[str, Any], name: str) -> float | None:
     return float(value)
 
 
-def _beta(run: dict[str, Any]) -> float | None:
-    op = (run.get("config") or {}).get("operator")
-    beta = op.get("beta") if isinstance(op, dict) else None
-    try:
-        return None if beta is None else float(beta)
-    except (TypeError, ValueError):
-        return None
-
-
-def _val_score(run: dict[str, Any]) -> float:
-    metrics = run.get("metrics") or {}
-    cfg = run.get("config") or {}
-    for name in ("val/top1_best", cfg.get("optimized_metric"), "val/top1"):
-        if isinstance(name, str) and isinstance(metrics.get(name), (int, float)):
-            return float(metrics[name])
-    return math.nan
-
-
-def select_beta(members: list[tuple[Path, dict[str, Any]]]) -> tuple[list[tuple[Path, dict[str, Any]]], str | None]:
-    """The runs of one paper key at the selected temperature when they span several ``operator.beta``: the β
-    whose runs have the best mean validation score (``val/top1_best``, else ``optimized_metric``, else
-    ``val/top1``; NaN-free runs only; on ties the smaller β). One β (or none): all runs, no selection.
+def select_beta(members: list[tuple[Path, RunRecord]]) -> tuple[list[tuple[Path, RunRecord]], str | None]:
+    """The runs of one paper key at the selected temperature when they span several ``operator.beta``
+    (:attr:`RunRecord.beta`): the β whose runs have the best mean validation score (:attr:`RunRecord.val_score`;
+    NaN-free runs only; on ties the smaller β). One β (or none): all runs, no selection.
 
     Returns:
         ``(runs kept, "β=<value> (best val of <k> β)" or None)``.
     """
-    betas = {_beta(r) for _, r in members}
+    betas = {r.beta for _, r in members}
     if len(betas) < 2:
         return members, None
     scores = {}
     for beta in betas:
-        vals = [_val_score(r) for _, r in members if _beta(r) == beta]
+        vals = [r.val_score for _, r in members if r.beta == beta]
         vals = [v for v in vals if not math.isnan(v)]
         scores[beta] = statistics.fmean(vals) if vals else -math.inf
     best = max(sorted(betas, key=lambda b: (b is None, b or 0.0)), key=lambda b: scores[b])
-    return [(p, r) for p, r in members if _beta(r) == best], f"β={best:g} (best val of {len(betas)} β)"
+    return [(p, r) for p, r in members if r.beta == best], f"β={best:g} (best val of {len(betas)} β)"
 
 
 def _ident(row: dict[str, str]) -> tuple[str, ...]:
@@ -531,7 +472,8 @@ def write_report(paths: Iterable[str | Path], out: str | Path = "outputs/report"
                  quiet: bool = False) -> dict[str, Any]:
     """The report over run folders: ``report.md`` and ``report.png`` (when there is something to plot) in ``out``,
     the tables on the console (unless ``quiet``), and ``pk_<dataset>.md`` per offline P_K benchmark dataset
-    (:func:`diffrank.experiments.analysis.report_pk.reports`); the last line printed names the files.
+    (:func:`diffrank.experiments.analysis.report_pk.reports`); the last line printed names the files. Every
+    record is read once (:func:`~diffrank.experiments.records.archive.find_records`) for all the sections.
 
     Args:
         paths: run folders (searched recursively for ``results.json`` and run archives) or such files.
@@ -547,8 +489,8 @@ def write_report(paths: Iterable[str | Path], out: str | Path = "outputs/report"
     """
     from diffrank.experiments.analysis.report_pk import reports
 
-    paths = list(paths)
-    result = collect(paths, metric_prefix)
+    records = find_records(paths)
+    result = collect_runs(records, metric_prefix, copies=True)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text(markdown(result))
@@ -556,7 +498,7 @@ def write_report(paths: Iterable[str | Path], out: str | Path = "outputs/report"
     if not quiet:
         print_console(result)
     # benchmarks on other datasets than the paper's (no paper key): our P_K x method grid beside the paper's
-    for dataset, text in reports(paths).items():
+    for dataset, text in reports(records).items():
         (out / f"pk_{dataset}.md").write_text(f"```\n{text}\n```\n")
         if not quiet:
             print(text)

@@ -1,8 +1,10 @@
 """The P_K × method grid of a top-k benchmark beside the paper's CIFAR-100 grid, and which of the paper's
 orderings hold (docs/topk_offline.md).
 
-Rows of ``configs/experiment/topk/<benchmark>/`` carry a ``benchmark`` key instead of a ``paper`` key (they run on
-another dataset than the paper): ``{dataset, method, operator, pk}`` with ``operator`` and ``pk`` spelt as the
+Rows of ``configs/experiment/topk/<benchmark>/`` run a cell of the paper's grid on another dataset: their ``paper``
+key is ``{benchmark: <dataset>, method, operator, pk}`` (older records: ``paper`` null and a config key
+``benchmark: {dataset, method, operator, pk}``, read alike by
+:attr:`~diffrank.experiments.records.record.RunRecord.benchmark_cell`), with ``operator`` and ``pk`` spelt as the
 ``operator`` / ``pk`` columns of the reference CSVs (``neuralsort``, ``softsort``, ``dsn``, ``softmax_ce``;
 ``"[.5,0,0,0,.5]"``). :func:`collect` reads the runs' ``results.json``, :func:`grid` averages the seeds of each
 cell, :func:`paper_grid` looks up Petersen et al. (ICML 2022) Table 4 and Table 1 (CIFAR-100, ResNet-18: a
@@ -13,7 +15,7 @@ Command line (:func:`main`; also part of ``python -m diffrank.experiments.analys
 
     python -m diffrank.experiments.analysis.report_pk RUN_DIR... [--out outputs/report]
 
-reads every ``results.json`` under the folders whose config carries a ``benchmark`` key, averages the seeds of
+reads every ``results.json`` under the folders whose ``paper`` key is a benchmark cell, averages the seeds of
 each (method, P_K) cell and prints, per dataset: our top-1 / top-5, runs and wall time per cell, Petersen et al.
 (ICML 2022) Table 4 / Table 1 on CIFAR-100 (a different dataset, for orientation) and which of the paper's
 orderings hold on each; ``--out`` also writes ``pk_<dataset>.md``.
@@ -24,7 +26,7 @@ Accuracies are in % (results.json stores fractions; the reference CSVs store %),
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
@@ -32,6 +34,7 @@ from typing import Any
 
 from diffrank import reference
 from diffrank.experiments.records.archive import find_records
+from diffrank.experiments.records.record import RunRecord
 
 PAPER = "petersen_difftopk_icml2022"
 PK_ORDER = ("[1,0,0,0,0]", "[0,0,0,0,1]", "[.5,0,0,0,.5]", "[.25,0,0,0,.75]", "[.1,0,0,0,.9]", "[.2,.2,.2,.2,.2]")
@@ -90,32 +93,31 @@ class Run:
     path: str
 
 
-def run_from_record(record: Mapping[str, Any], path: str = "") -> Run | None:
-    """The :class:`Run` of a ``results.json`` record, or None when it is not a finished benchmark run (no
-    ``benchmark`` key, status not ``done``, a variant run with another operator, or no ``test/top1``).
+def run_from_record(record: RunRecord, path: str = "") -> Run | None:
+    """The :class:`Run` of a run record, or None when it is not a finished benchmark run (no benchmark cell:
+    :attr:`~diffrank.experiments.records.record.RunRecord.benchmark_cell`, status not ``done``, a variant run with
+    another operator, or no ``test/top1``).
 
     Raises:
-        ValueError: a ``benchmark`` key without ``dataset`` / ``operator`` / ``pk``, a malformed ``pk``, or a
+        ValueError: a benchmark cell without ``dataset`` / ``operator`` / ``pk``, a malformed ``pk``, or a
             ``pk`` that disagrees with the P_K weights the run trained with.
     """
-    cfg = record.get("config") or {}
-    bench = cfg.get("benchmark")
-    if not bench or record.get("status") != "done" or record.get("variant_of"):
+    bench = record.benchmark_cell
+    if not bench or record.status != "done" or record.variant_of:
         return None
     missing = [k for k in ("dataset", "operator", "pk") if not bench.get(k)]
     if missing:
-        raise ValueError(f"{path or 'record'}: benchmark key lacks {missing}: {dict(bench)}")
+        raise ValueError(f"{path or 'record'}: benchmark cell lacks {missing}: {dict(bench)}")
     pk = canonical_pk(parse_pk(bench["pk"]))
-    weights = (cfg.get("pk") or {}).get("weights")
+    weights = (record.config.get("pk") or {}).get("weights")
     if weights is not None and canonical_pk(weights) != pk:
         raise ValueError(f"{path or 'record'}: benchmark pk {bench['pk']} but the run trained with "
                          f"P_K = {list(weights)}")
-    metrics = record.get("metrics") or {}
-    if "test/top1" not in metrics:
+    if "test/top1" not in record.metrics:
         return None
-    return Run(dataset=str(bench["dataset"]), operator=str(bench["operator"]), pk=pk, seed=record.get("seed"),
-               top1=100 * float(metrics["test/top1"]), top5=100 * float(metrics.get("test/top5", float("nan"))),
-               wall_s=record.get("wall_time_s"), path=path)
+    return Run(dataset=str(bench["dataset"]), operator=str(bench["operator"]), pk=pk, seed=record.seed,
+               top1=100 * float(record.metrics["test/top1"]),
+               top5=100 * float(record.metrics.get("test/top5", float("nan"))), wall_s=record.wall_time_s, path=path)
 
 
 def collect(paths: Iterable[str | Path], dataset: str | None = None) -> list[Run]:
@@ -125,11 +127,21 @@ def collect(paths: Iterable[str | Path], dataset: str | None = None) -> list[Run
 
     Raises:
         FileNotFoundError: a path that does not exist.
-        ValueError: a malformed ``benchmark`` key (see :func:`run_from_record`) or run archive.
+        ValueError: a malformed benchmark cell (see :func:`run_from_record`) or run archive.
+    """
+    return benchmark_runs(find_records(paths), dataset)
+
+
+def benchmark_runs(records: Iterable[tuple[str | Path, RunRecord]], dataset: str | None = None) -> list[Run]:
+    """The finished benchmark runs among ``(path, record)`` pairs (:func:`run_from_record`), optionally only those
+    of ``dataset``.
+
+    Raises:
+        ValueError: a malformed benchmark cell (see :func:`run_from_record`).
     """
     runs = []
-    for f, rec in find_records(paths):
-        run = run_from_record(rec.to_dict(), str(f))
+    for f, rec in records:
+        run = run_from_record(rec, str(f))
         if run and (dataset is None or run.dataset == dataset):
             runs.append(run)
     return runs
@@ -289,14 +301,15 @@ def format_report(ours: Grid, paper: Grid | None = None, dataset: str = "") -> s
     return "\n".join(lines)
 
 
-def reports(paths: Iterable[str | Path]) -> dict[str, str]:
-    """One :func:`format_report` text per benchmark dataset found under ``paths`` (``{}`` when there is none):
-    the hook for :func:`diffrank.experiments.analysis.report.write_report` and :func:`main`.
+def reports(records: Iterable[tuple[str | Path, RunRecord]]) -> dict[str, str]:
+    """One :func:`format_report` text per benchmark dataset among ``(path, record)`` pairs (``{}`` when there is
+    none): the hook for :func:`diffrank.experiments.analysis.report.write_report`, which reads the records once for
+    all its sections (:func:`diffrank.experiments.records.archive.find_records`), and :func:`main`.
 
     Raises:
-        FileNotFoundError / ValueError: see :func:`collect`.
+        ValueError: a malformed benchmark cell (see :func:`run_from_record`).
     """
-    runs = collect(paths)
+    runs = benchmark_runs(records)
     return {ds: format_report(grid([r for r in runs if r.dataset == ds]), dataset=ds)
             for ds in sorted({r.dataset for r in runs})}
 
@@ -313,9 +326,10 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     ap.add_argument("paths", nargs="+", help="run or sweep folders (searched recursively for results.json)")
     ap.add_argument("--out", default=None, help="also write pk_<dataset>.md into this folder")
     a = ap.parse_args(argv)
-    texts = reports(a.paths)
+    texts = reports(find_records(a.paths))
     if not texts:
-        raise SystemExit(f"no finished benchmark run (results.json with a 'benchmark' key) under {a.paths}")
+        raise SystemExit(f"no finished benchmark run (results.json whose paper key has a 'benchmark' field) "
+                         f"under {a.paths}")
     for ds, text in texts.items():
         print(text, end="\n\n")
         if a.out:
@@ -325,8 +339,8 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     return texts
 
 
-__all__ = ["CLAIMS", "Claim", "Run", "canonical_pk", "check_orderings", "collect", "format_report", "grid", "main",
-           "paper_grid", "parse_pk", "reports", "run_from_record"]
+__all__ = ["CLAIMS", "Claim", "Run", "benchmark_runs", "canonical_pk", "check_orderings", "collect", "format_report",
+           "grid", "main", "paper_grid", "parse_pk", "reports", "run_from_record"]
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from diffrank.experiments.records.record import RunRecord, write_atomic
+from diffrank.experiments.records.record import RECORD_FILE, RunRecord, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def job_dirs(sweep_dir: str | Path) -> list[Path]:
     if not root.is_dir():
         raise FileNotFoundError(f"no such sweep folder: {root}")
     found = {p.parent.parent for p in root.rglob(".hydra/overrides.yaml")}
-    found |= {p.parent for p in root.rglob("results.json")}
+    found |= {p.parent for p in root.rglob(RECORD_FILE)}
     found.discard(root)
     # a folder inside another job (e.g. wandb/, csv/) is never a job of its own
     jobs = sorted(found, key=lambda p: _natural(p.relative_to(root).as_posix()))
@@ -98,7 +98,7 @@ def job_row(job: Path) -> dict[str, Any]:
     Status: ``done`` (a complete ``results.json``), ``failed`` (the run wrote a failure record) or ``incomplete``
     (no ``results.json``: killed, still running, or failed before writing).
     """
-    rec = RunRecord.read(job / "results.json")
+    rec = RunRecord.read(job / RECORD_FILE)
     overrides: list[str] = []
     ov_file = job / ".hydra" / "overrides.yaml"
     if ov_file.is_file():
@@ -115,7 +115,7 @@ def job_row(job: Path) -> dict[str, Any]:
         metrics={k: v for k, v in rec.metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
         wall_time_s=rec.wall_time_s, optimizer_steps=rec.optimizer_steps, world_size=rec.world_size,
         global_batch=rec.global_batch, optimized_metric=rec.optimized_metric,
-        optimized_mode=rec.config.get("optimized_mode"), error=rec.error,
+        optimized_mode=rec.optimized_mode, error=rec.error,
     )
     return row
 

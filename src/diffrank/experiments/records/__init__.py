@@ -1,3 +1,4 @@
-"""The record of a run: ``results.json`` (:mod:`.record`) and the record archives kept in ``results/``
-(:mod:`.archive`). Written by a job, read afterwards; it imports nothing of run / analysis / rows / tools.
+"""The record of a run: ``results.json`` (:mod:`.record`), the record archives kept in ``results/``
+(:mod:`.archive`), and a run folder's state, done / resume / new (:mod:`.folder`). Written by a job, read by the
+job runners and afterwards; it imports nothing of run / analysis / rows / tools.
 """

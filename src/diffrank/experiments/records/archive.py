@@ -23,7 +23,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from diffrank.experiments.records.record import RunRecord, write_atomic
+from diffrank.experiments.records.record import RECORD_FILE, RunRecord, write_atomic
 
 SUFFIX = ".jsonl.gz"
 
@@ -71,7 +71,7 @@ def read_archive(path: str | Path) -> list[tuple[Path, RunRecord]]:
         if not isinstance(data, dict):
             raise ValueError(f"{path}, line {i}: a {type(data).__name__}, not a run record (JSON object)")
         rec = RunRecord.from_dict(data)
-        out.append((Path(rec.run_dir) / "results.json" if rec.run_dir else path, rec))
+        out.append((Path(rec.run_dir) / RECORD_FILE if rec.run_dir else path, rec))
     return out
 
 
@@ -92,7 +92,7 @@ def find_records(paths: Iterable[str | Path]) -> list[tuple[Path, RunRecord]]:
     for p in map(Path, paths):
         if not p.exists():
             raise FileNotFoundError(f"no such file or folder: {p}")
-        files.update([p] if p.is_file() else [*p.rglob("results.json"), *p.rglob(f"*{SUFFIX}")])
+        files.update([p] if p.is_file() else [*p.rglob(RECORD_FILE), *p.rglob(f"*{SUFFIX}")])
     found: list[tuple[Path, RunRecord]] = []
     for f in sorted(files):
         if f.name.endswith(SUFFIX):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import re
@@ -157,6 +158,9 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
 
 
 SCHEMA = 2  # 1: records written before RunRecord (no "schema" key)
+RECORD_FILE = "results.json"  # the name of a run's record in its run folder: every reader and writer uses this
+# the field of a ``paper`` key that marks a cell of a published table's grid run on another dataset (its value)
+BENCHMARK = "benchmark"
 
 
 @dataclass
@@ -168,7 +172,9 @@ class RunRecord:
     here only (:meth:`from_dict` upgrades older records).
 
     Fields (JSON types): ``status`` ("done" | "failed" | "incomplete"); ``schema`` (:data:`SCHEMA`);
-    ``metrics`` (``{"test/top1": fraction, ...}``); ``paper`` (the row's key in the reference tables, or None),
+    ``metrics`` (``{"test/top1": fraction, ...}``); ``paper`` (the one key saying which published table the run
+    belongs to, or None: a reference row's columns, :attr:`table_row`; or, with a ``benchmark`` field, a cell of a
+    published grid on another dataset, :attr:`benchmark_cell`),
     ``variant_of`` (old records only: the row a run of it with another method varied; such runs are refused now);
     ``choices`` (config
     groups used), ``overrides`` (Hydra task overrides), ``config`` (unresolved config); ``seed``, ``split_seed``;
@@ -221,7 +227,9 @@ class RunRecord:
 
         Schema 1 fallbacks: ``optimizer_steps`` ← ``global_step``; ``global_batch`` ← ``data.batch_size`` of
         the overrides, then of the config; ``status`` ← "done" when it has metrics, else "incomplete";
-        ``variant_of`` keys ``paper_operator`` / ``operator`` → ``paper_method`` / ``method``.
+        ``variant_of`` keys ``paper_operator`` / ``operator`` → ``paper_method`` / ``method``. Any schema: a run
+        of a benchmark row written before the one ``paper`` key (``paper`` null, ``config.benchmark:
+        {dataset, method, operator, pk}``) gets ``paper = {benchmark: <dataset>, method, operator, pk}``.
         """
         names = {f.name for f in fields(cls)} - {"extra"}
         known = {k: v for k, v in data.items() if k in names}
@@ -241,6 +249,9 @@ class RunRecord:
         rec.metrics = rec.metrics or {}
         rec.overrides = [str(o) for o in rec.overrides or []]
         rec.config = rec.config or {}
+        bench = rec.config.get(BENCHMARK)
+        if rec.paper is None and isinstance(bench, dict):
+            rec.paper = {BENCHMARK: bench.get("dataset"), **{k: v for k, v in bench.items() if k != "dataset"}}
         return rec
 
     def to_dict(self) -> dict[str, Any]:
@@ -280,11 +291,85 @@ class RunRecord:
             else self.planned("trainer.max_steps", ("trainer", "max_steps"))
 
     @property
+    def table_row(self) -> dict[str, Any] | None:
+        """The reference row this run reproduces: its ``paper`` key, the columns of a row of
+        :mod:`diffrank.reference` (``{"paper": "petersen_thesis_2022", "table": "7.1", "method": ..., ...}``); None
+        for a run of no published row, or of a benchmark cell (:attr:`benchmark_cell`)."""
+        return self.paper if isinstance(self.paper, dict) and BENCHMARK not in self.paper else None
+
+    @property
+    def benchmark_cell(self) -> dict[str, Any] | None:
+        """The cell of a published grid this run measures on another dataset (``paper: {benchmark: <dataset>,
+        method, operator, pk}``: Petersen et al. ICML 2022 Table 4's P_K x method grid on Fashion-MNIST pairs) as
+        ``{"dataset": <dataset>, "method", "operator", "pk"}``; None for any other run."""
+        if not isinstance(self.paper, dict) or BENCHMARK not in self.paper:
+            return None
+        return {"dataset": self.paper[BENCHMARK], **{k: v for k, v in self.paper.items() if k != BENCHMARK}}
+
+    @property
     def optimized_metric(self) -> str | None:
         """The config's ``optimized_metric`` (the selection metric), if any."""
         return self.config.get("optimized_metric")
 
+    @property
+    def optimized_mode(self) -> str | None:
+        """The config's ``optimized_mode`` (``"max"`` / ``"min"`` for :attr:`optimized_metric`), if any."""
+        return self.config.get("optimized_mode")
 
-def read_record(path: str | Path) -> RunRecord | None:
-    """:meth:`RunRecord.read` (the one reader of ``results.json``)."""
-    return RunRecord.read(path)
+    @property
+    def budget(self) -> str:
+        """``"<steps>×<global batch>"``: optimizer steps actually taken (:attr:`steps`) times the sets / images per
+        step over all DDP ranks (``"?"`` when either is unknown), with the precision appended when it is not
+        float32 (``"10000×4 bf16-mixed"``: such a run is not a seed of the float32 runs)."""
+        steps, batch = self.steps, self.global_batch
+        budget = f"{steps}×{batch}" if steps is not None and batch is not None else "?"
+        precision = str(self.planned("trainer.precision", ("trainer", "precision")) or "32-true")
+        return budget if precision in ("32-true", "32", "32-bit") else f"{budget} {precision}"
+
+    @property
+    def beta(self) -> float | None:
+        """The operator's inverse temperature β as configured (``config.operator.beta``, docs/conventions.md);
+        None for a run without an operator or whose β is not a number."""
+        op = self.config.get("operator")
+        beta = op.get("beta") if isinstance(op, dict) else None
+        try:
+            return None if beta is None else float(beta)
+        except (TypeError, ValueError):
+            return None
+
+    @property
+    def tikhonov(self) -> str:
+        """The Tikhonov λ of a Newton-loss run (``config.newton``, Petersen thesis §7.3) as printed (``"0.1"``);
+        ``""`` for a run without a Newton loss."""
+        newton = self.config.get("newton")
+        if not isinstance(newton, dict) or newton.get("variant") in (None, "none") or newton.get("tikhonov") is None:
+            return ""
+        try:
+            return f"{float(newton['tikhonov']):g}"
+        except (TypeError, ValueError):
+            return str(newton["tikhonov"])
+
+    @property
+    def device_kind(self) -> str:
+        """The kind of device the run trained on: :attr:`device` up to its details (``"cpu"``, ``"NVIDIA H100
+        80GB HBM3"``; ``""`` when not recorded)."""
+        return str(self.device or "").split(" (", 1)[0].strip()
+
+    @property
+    def data_kind(self) -> str:
+        """What the run's data was when it is not its row's: ``"synthetic"`` for generated stand-in data
+        (:attr:`synthetic_data`), ``"data=<config>"`` for a data group swapped on the command line
+        (``data=digits_sort``: an offline check of an MNIST row), ``""`` for the row's own data."""
+        if self.synthetic_data:
+            return "synthetic"
+        swapped = [o.split("=", 1)[1] for o in self.overrides if o.lstrip("+~").startswith("data=")]
+        return f"data={swapped[-1]}" if swapped else ""
+
+    @property
+    def val_score(self) -> float:
+        """The run's validation score for choosing among its runs: ``val/top1_best``, else its
+        :attr:`optimized_metric`, else ``val/top1`` (the first that is a number); NaN when none is."""
+        for name in ("val/top1_best", self.optimized_metric, "val/top1"):
+            if isinstance(name, str) and isinstance(self.metrics.get(name), (int, float)):
+                return float(self.metrics[name])
+        return math.nan

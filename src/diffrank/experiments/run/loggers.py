@@ -135,8 +135,10 @@ def paper_comparison(record: dict[str, Any]) -> tuple[dict[str, Any], list[str],
         ``paper`` key (or one that matches no reference row).
     """
     from diffrank.experiments.analysis.report import collect_runs, table_rows
+    from diffrank.experiments.records.record import RECORD_FILE, RunRecord
 
-    result = collect_runs([(Path(str(record.get("run_dir") or ".")) / "results.json", record)])
+    rec = RunRecord.from_dict(record)
+    result = collect_runs([(Path(rec.run_dir or ".") / RECORD_FILE, rec)])
     summary: dict[str, Any] = {}
     header: list[str] = []
     cells: list[list[str]] = []

@@ -24,7 +24,9 @@ import hydra
 import lightning as L
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from diffrank.experiments.records.folder import folder_state
 from diffrank.experiments.records.record import (
+    RECORD_FILE,
     RunRecord,
     compute_environment,
     device_description,
@@ -57,20 +59,17 @@ def finished_record(cfg: DictConfig, overrides: list[str], multirun: bool) -> di
     """The ``results.json`` record of this job if it already finished, else None.
 
     A job counts as finished when ``cfg.skip_finished`` is true, it is a multirun job (a single run gets a
-    fresh folder anyway), and ``<paths.output_dir>/results.json`` is a complete record (:meth:`RunRecord.read`)
-    with ``status: done``, the same task overrides (in any order), and, for a training run, the
-    ``optimized_metric`` among its metrics.
+    fresh folder anyway), and its folder ``<paths.output_dir>`` is done
+    (:func:`~diffrank.experiments.records.folder.folder_state`: a complete record with ``status: done``, the same
+    task overrides, and, for a training run, the ``optimized_metric`` among its metrics).
     """
     if not (multirun and cfg.get("skip_finished")):
         return None
     out = cfg.paths.get("output_dir") if cfg.get("paths") else None
-    rec = RunRecord.read(Path(out) / "results.json") if out else None
-    if not rec or rec.status != "done" or sorted(rec.overrides) != sorted(str(o) for o in overrides):
+    if not out:
         return None
-    name = cfg.get("optimized_metric")
-    if cfg.get("train", True) and name and name not in rec.metrics:
-        return None
-    return rec.to_dict()
+    state = folder_state(out, overrides, (cfg.get("optimized_metric") or None) if cfg.get("train", True) else None)
+    return state.record.to_dict() if state.action == "done" else None
 
 
 def _resume_path(cfg: DictConfig, multirun: bool) -> str | None:
@@ -88,11 +87,8 @@ def _resume_path(cfg: DictConfig, multirun: bool) -> str | None:
     repeated = multirun and cfg.get("skip_finished")
     if int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) <= 0 and not repeated:
         return None
-    out = Path(str(cfg.paths.output_dir))
-    if any(out.glob("hpc_ckpt_*.ckpt")):
-        return None
-    last = out / "checkpoints" / "last.ckpt"
-    return str(last) if last.is_file() else None
+    checkpoint = folder_state(str(cfg.paths.output_dir)).checkpoint  # the one decision, also the cell launcher's
+    return str(checkpoint) if checkpoint else None
 
 
 def _trained_steps(trainer: L.Trainer, done: dict[str, Any]) -> int:
@@ -199,7 +195,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
             record = make_record(built, done, metrics, time.time() - t0)
             out = built.cfg.paths.get("output_dir") if built.cfg.get("paths") else None
             if out:
-                log.info("results: %s", record.write(Path(out) / "results.json"))
+                log.info("results: %s", record.write(Path(out) / RECORD_FILE))
             objects["results"] = record.to_dict()
             _log_paper_comparison(built.loggers, objects["results"])
     finally:
@@ -310,7 +306,7 @@ def _write_failure(cfg: DictConfig, error: BaseException, wall_time_s: float) ->
         out = cfg.paths.get("output_dir") if cfg.get("paths") else None
         if not out:
             return
-        path = Path(out) / "results.json"
+        path = Path(out) / RECORD_FILE
         if getattr(RunRecord.read(path), "status", None) == "done":
             return
         RunRecord(status="failed", error=f"{type(error).__name__}: {error}"[:2000],

@@ -7,8 +7,9 @@ A CPU with c cores runs c one-thread jobs faster in total than one c-thread job 
 steps do not split well over threads), and a session that ends kills its processes: every job trains in a
 fixed folder ``<out>/<experiment>/<grid values>_seed<s>``, so running the same command again skips the finished
 jobs (a ``results.json`` with ``status: done``), resumes the interrupted ones from their ``checkpoints/last.ckpt``
-(exact resume, README "Reproducibility") and starts the rest. Jobs start in the order given, ``--slots`` at a
-time; each job's output goes to ``<folder>/stdout.log``.
+(exact resume, README "Reproducibility") and starts the rest: the training runner's own decision for a run folder
+(:func:`diffrank.experiments.records.folder.folder_state`), this module only launches. Jobs start in the order
+given, ``--slots`` at a time; each job's output goes to ``<folder>/stdout.log``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from diffrank.experiments.records.record import RunRecord
+from diffrank.experiments.records.folder import FolderState, folder_state
 
 
 @dataclass
@@ -33,20 +34,15 @@ class Job:
     overrides: list[str]
 
     @property
-    def done(self) -> bool:
-        """A complete ``results.json`` with ``status: done`` is in the folder."""
-        rec = RunRecord.read(self.folder / "results.json")
-        return rec is not None and rec.status == "done"
-
-    @property
-    def resume_from(self) -> Path | None:
-        """``checkpoints/last.ckpt`` of an interrupted run, else None."""
-        last = self.folder / "checkpoints" / "last.ckpt"
-        return last if last.is_file() else None
+    def state(self) -> FolderState:
+        """Done / resume / new, and the checkpoint to resume from (:func:`folder_state` of the folder)."""
+        return folder_state(self.folder)
 
     def command(self) -> list[str]:
-        """The ``diffrank.experiments.run.train`` command line of this job (resuming when a ``last.ckpt`` exists)."""
-        resume = [f"ckpt_path={self.resume_from.resolve()}"] if self.resume_from else []
+        """The ``diffrank.experiments.run.train`` command line of this job (resuming from the folder's checkpoint
+        when it has one)."""
+        checkpoint = self.state.checkpoint
+        resume = [f"ckpt_path={checkpoint.resolve()}"] if checkpoint else []
         return [sys.executable, "-m", "diffrank.experiments.run.train", *self.overrides,
                 f"hydra.run.dir={self.folder}", *resume]
 
@@ -77,14 +73,15 @@ def run_queue(queue: list[Job], slots: int, threads: int, poll_s: float = 10.0) 
     """Run the unfinished jobs of ``queue``, ``slots`` at a time, each with ``threads`` intra-op threads
     (``OMP_NUM_THREADS``). Returns counts: ``skipped`` (already done), ``finished``, ``failed``."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    todo = [j for j in queue if not j.done]
+    todo = [j for j in queue if j.state.action != "done"]
     counts = {"skipped": len(queue) - len(todo), "finished": 0, "failed": 0}
     running: list[tuple[Job, subprocess.Popen]] = []
     while todo or running:
         while todo and len(running) < slots:
             job = todo.pop(0)
             job.folder.mkdir(parents=True, exist_ok=True)
-            how = f"resuming from {job.resume_from}" if job.resume_from else "starting"
+            checkpoint = job.state.checkpoint
+            how = f"resuming from {checkpoint}" if checkpoint else "starting"
             print(f"[{time.strftime('%H:%M:%S')}] {how}: {job.folder}", flush=True)
             log = open(job.folder / "stdout.log", "a")  # noqa: SIM115 (closed when the job ends)
             running.append((job, subprocess.Popen(job.command(), stdout=log, stderr=subprocess.STDOUT, env=env)))
@@ -93,7 +90,7 @@ def run_queue(queue: list[Job], slots: int, threads: int, poll_s: float = 10.0) 
             if proc.poll() is None:
                 continue
             running.remove((job, proc))
-            ok = proc.returncode == 0 and job.done
+            ok = proc.returncode == 0 and job.state.action == "done"
             counts["finished" if ok else "failed"] += 1
             print(f"[{time.strftime('%H:%M:%S')}] {'done' if ok else f'FAILED (rc {proc.returncode})'}: "
                   f"{job.folder}", flush=True)
@@ -117,8 +114,7 @@ def main(argv: list[str] | None = None) -> dict[str, int]:
     queue = jobs(a.experiment, [int(s) for s in a.seeds.split(",")], a.grid, overrides, a.out)
     if a.dry_run:
         for j in queue:
-            state = "done" if j.done else ("resume" if j.resume_from else "new")
-            print(f"{state:7s} {j.folder}  {' '.join(j.overrides)}")
+            print(f"{j.state.action:7s} {j.folder}  {' '.join(j.overrides)}")
         return {"jobs": len(queue)}
     counts = run_queue(queue, a.slots, a.threads)
     print(f"{counts['finished']} finished, {counts['failed']} failed, {counts['skipped']} were already done")
