@@ -58,6 +58,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from diffrank.operators._vmap import fold_vmap
 from diffrank.operators.backend import check_backend, guarded_call, use_triton
 from diffrank.operators.base import TOPK_MEMBERSHIP, RankingOperator, check_k
 from diffrank.operators.networks import Network, build
@@ -147,13 +148,20 @@ class _Net(torch.autograd.Function):
     of the values (O(L·B·n)) and the Δ of P / rows (O(L·B·n²) for full P, O(L·B·m·n) for rows) while that is
     at most :data:`CHECKPOINT_ELEMENTS`; above, only a snapshot of the chain every S = ⌈√L⌉ layers, from
     which the backward recomputes one segment's Δ at a time (activation checkpointing): O(√L·B·n²) for full P
-    (n = 1 024, odd-even: 2.0 GiB saved without, see docs/gpu.md), for one more pass of the chain. First
-    derivatives only (no double backward).
+    (n = 1 024, odd-even: 2.0 GiB saved without, see docs/gpu.md), for one more pass of the chain.
+
+    Second derivatives are exact: a backward that is itself recorded (``create_graph=True``, ``torch.func``)
+    recomputes the network in plain autograd ops (:func:`differentiable_vjp`) instead of the fused walk, whose
+    in-place updates autograd cannot differentiate. For ``torch.func`` the forward takes no ``ctx`` (its
+    intermediates are extra, non-differentiable outputs) and ``vmap`` folds the mapped dimension into the batch
+    (:func:`fold_vmap`): every row is an independent network evaluation.
     """
 
+    twice_differentiable = True  # read by diffrank.losses.newton (the backward is differentiable, see above)
+
     @staticmethod
-    def forward(ctx, x: Tensor, net: Network, beta: float, sigmoid: str, art_lambda: float, mode: str,
-                y0: Tensor | None) -> Tensor:
+    def forward(x: Tensor, net: Network, beta: float, sigmoid: str, art_lambda: float, mode: str,
+                y0: Tensor | None) -> tuple[Tensor, ...]:
         x = x.clone(memory_format=torch.contiguous_format)
         B, n = x.shape
         p = torch.eye(n, dtype=x.dtype, device=x.device).repeat(B, 1, 1) if mode == "full" else None
@@ -192,18 +200,36 @@ class _Net(torch.autograd.Function):
                 if S == 1:
                     snaps.append(dy)
             out = y
-        ctx.save_for_backward(*xd, *ws, *snaps)
-        ctx.net, ctx.beta, ctx.sigmoid, ctx.art_lambda, ctx.mode = net, beta, sigmoid, art_lambda, mode
-        ctx.segment = S
-        return out
+        return (out, *xd, *ws, *snaps)
 
     @staticmethod
-    def backward(ctx, g: Tensor):
+    def setup_context(ctx, inputs, output) -> None:
+        x, net, beta, sigmoid, art_lambda, mode, y0 = inputs
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.set_materialize_grads(False)  # no zero gradients for the intermediates
+        ctx.save_for_backward(x, y0, *output[1:])
+        ctx.net, ctx.beta, ctx.sigmoid, ctx.art_lambda, ctx.mode = net, beta, sigmoid, art_lambda, mode
+        B, n = x.shape
+        ctx.segment = _segment(len(net.layers), B * n * (n if mode == "full" else y0.shape[1] if mode == "rows"
+                                                          else 0))
+
+    @staticmethod
+    def vmap(info, in_dims, x, net, beta, sigmoid, art_lambda, mode, y0):
+        return fold_vmap(info, in_dims, _Net.apply, (x, net, beta, sigmoid, art_lambda, mode, y0), rows=(0, 6))
+
+    @staticmethod
+    def backward(ctx, g: Tensor | None, *_):
+        none = (None,) * 6
+        if g is None:
+            return (None, *none)
         net, mode = ctx.net, ctx.mode
+        saved = ctx.saved_tensors
+        if torch.is_grad_enabled():  # the backward is recorded: exact second derivatives
+            return (differentiable_vjp(net, saved[0], ctx.beta, ctx.sigmoid, ctx.art_lambda, mode, saved[1], g),
+                    *none)
         layers = net.layers
         L = len(layers)
-        saved = ctx.saved_tensors
-        xd, ws, snaps = saved[:L], saved[L:2 * L], saved[2 * L:]
+        xd, ws, snaps = saved[2:L + 2], saved[L + 2:2 * L + 2], saved[2 * L + 2:]
         gws: list[Tensor | None] = [None] * L
         g = g.contiguous().clone()
         if mode == "rows":
@@ -266,17 +292,36 @@ class _Net(torch.autograd.Function):
                 g_slope = gx * (delta * slope) if gw is None else gw * slope + gx * (delta * slope)
                 g_diff = g_slope * sign + gx * w
                 gx = gx - g_diff + g_diff.index_select(1, partner)
-        return gx, None, None, None, None, None, None
+        return (gx, *none)
 
 
-def run_network(net: Network, x: Tensor, beta: float, sigmoid: str, art_lambda: float, mode: str = "values",
+def differentiable_vjp(net: Network, x: Tensor, beta: float | Tensor, sigmoid: str, art_lambda: float, mode: str,
+                       y0: Tensor | None, g: Tensor) -> Tensor:
+    """``gᵀ ∂out/∂x`` of the network as a differentiable function of ``x`` and ``g`` (the exact double backward of
+    :class:`_Net` and of the fused kernels): the network recomputed in plain autograd ops
+    (:func:`reference_forward`) under ``torch.func.vjp``, which composes with the outer autograd graph and with
+    ``torch.func`` transforms (``jacrev`` maps the backward over a batch of ``g``, where ``torch.autograd.grad``
+    cannot run).
+
+    Args:
+        net, x, beta, sigmoid, art_lambda, mode, y0: as :func:`run_network` (``x`` the saved input, in its graph).
+        g: the gradient of the output (shape of the output).
+
+    Returns:
+        ``(B, n)`` gradient with respect to ``x``, itself differentiable.
+    """
+    return torch.func.vjp(lambda xr: reference_forward(net, xr, beta, sigmoid, art_lambda, mode, y0), x)[1](g)[0]
+
+
+def run_network(net: Network, x: Tensor, beta: float | Tensor, sigmoid: str, art_lambda: float, mode: str = "values",
                 y0: Tensor | None = None) -> Tensor:
     """Evaluate the relaxed network (see :class:`_Net`), in the dtype of ``x`` (float32 / float64).
 
     Args:
         net: the network on n wires.
         x: ``(B, n)`` scores, one per track.
-        beta, sigmoid, art_lambda: the relaxed swap (:mod:`diffrank.operators.sigmoids`).
+        beta, sigmoid, art_lambda: the relaxed swap (:mod:`diffrank.operators.sigmoids`); a tensor β that
+            requires grad runs :func:`reference_forward` (differentiable in β).
         mode: ``"values"`` → ``(B, n)`` track values; ``"full"`` → P ``(B, n, n)`` (rows = tracks);
             ``"rows"`` → ``y0 · P`` ``(B, m, n)`` for ``y0`` ``(1 or B, m, n)`` indexed by output track.
 
@@ -290,7 +335,9 @@ def run_network(net: Network, x: Tensor, beta: float, sigmoid: str, art_lambda: 
         if mode == "full":
             return torch.eye(n, dtype=x.dtype, device=x.device).repeat(B, 1, 1)
         return y0.expand(B, -1, -1).clone()
-    return _Net.apply(x, net, beta, sigmoid, art_lambda, mode, y0)
+    if isinstance(beta, Tensor):  # a learnable β: plain autograd ops give ∂/∂β
+        return reference_forward(net, x, beta, sigmoid, art_lambda, mode, y0)
+    return _Net.apply(x, net, beta, sigmoid, art_lambda, mode, y0)[0]
 
 
 def reference_forward(net: Network, x: Tensor, beta: float, sigmoid: str, art_lambda: float,
@@ -345,8 +392,13 @@ class ComparatorNetwork(RankingOperator):
             the kernels) or ``"triton"`` (always, where the kernels apply: float32 work with n <= 4096; on the
             CPU only under ``TRITON_INTERPRET=1``). Same values and gradients up to float32 rounding.
         twice_differentiable: run the network in plain autograd ops (:func:`reference_forward`) instead of the
-            fused Function / kernels, so that autograd can take second derivatives (the Hessian Newton losses of
-            thesis Table 7.3); same values, O(L·B·n²) saved for full P and slower. Default False.
+            fused Function / kernels; same values, O(L·B·n²) saved for full P and slower. Every path gives exact
+            second derivatives (the fused backward is differentiable, :class:`_Net`), so this is only needed for
+            forward-mode AD (``torch.func.jvp`` / ``jacfwd``); the name is kept for the thesis Table 7.3 configs.
+            Default False.
+
+    A learnable β (``beta`` a 0-d tensor that requires grad; ``learnable_beta`` is True) runs the plain autograd
+    ops too: they give ∂/∂β.
 
     Capabilities: the sorting networks provide all four; the splitter network only ``"topk_membership"``:
     its rows depend on the k it was built for, so they are not the top rows of one relaxed permutation
@@ -367,12 +419,13 @@ class ComparatorNetwork(RankingOperator):
     """
 
     permutation_equivariant = False
+    learnable_beta = True
 
-    def __init__(self, beta: float = 10.0, sigmoid: str = "cauchy", art_lambda: float = 0.25,
+    def __init__(self, beta: float | Tensor = 10.0, sigmoid: str = "cauchy", art_lambda: float = 0.25,
                  network: str = "bitonic", backend: str = "auto", twice_differentiable: bool = False) -> None:
         super().__init__(beta)
         self.backend = check_backend(backend)
-        self.twice_differentiable = bool(twice_differentiable)
+        self.plain_autograd = bool(twice_differentiable)
         if network not in NETWORKS:
             raise ValueError(f"network must be one of {NETWORKS}, got {network!r}")
         self.sigmoid = check_sigmoid(sigmoid)
@@ -413,7 +466,7 @@ class ComparatorNetwork(RankingOperator):
         return supports(x.shape[1], x.dtype)
 
     def _run(self, net: Network, x: Tensor, mode: str, y0: Tensor | None = None) -> Tensor:
-        if self.twice_differentiable:  # the fused Function has no double backward
+        if self.plain_autograd or isinstance(self.beta, Tensor):
             return reference_forward(net, x, self.beta, self.sigmoid, self.art_lambda, mode, y0)
         if net.layers and self._kernel(x):
             from diffrank.kernels.networks import network_kernel
@@ -463,4 +516,4 @@ class ComparatorNetwork(RankingOperator):
     def extra_repr(self) -> str:
         return (f"beta={self.beta}, sigmoid={self.sigmoid!r}, art_lambda={self.art_lambda}, "
                 f"network={self.network!r}, backend={self.backend!r}"
-                + (", twice_differentiable=True" if self.twice_differentiable else ""))
+                + (", twice_differentiable=True" if self.plain_autograd else ""))
