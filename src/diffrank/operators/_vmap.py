@@ -32,7 +32,8 @@ def fold_vmap(info, in_dims: Sequence[int | None], apply: Callable, args: Sequen
         NotImplementedError: a mapped argument that is not batch-indexed (e.g. SOFT top-k's shared anchors).
     """
     V = info.batch_size
-    bad = [i for i, d in enumerate(in_dims) if d is not None and i not in rows]
+    # a non-tensor argument's in_dim is None or, for a container (a stats dict), a container of Nones
+    bad = [i for i, d in enumerate(in_dims) if isinstance(d, int) and i not in rows]
     if bad:
         raise NotImplementedError(f"vmap over argument(s) {bad} of {getattr(apply, '__self__', apply)} is not "
                                   "supported (only its batch-indexed inputs can be mapped)")
