@@ -67,7 +67,8 @@ class RelaxedBubbleSort(RankingOperator):
     """Relaxed bubble sort (thesis §2.3): P with rows = ranks (rank 1 = largest), columns = items.
 
     Args:
-        beta: inverse temperature β > 0 of the relaxed swaps (AlgoVision's ``beta``; Table 2.1: 8).
+        beta: inverse temperature β > 0 of the relaxed swaps (AlgoVision's ``beta``; Table 2.1: 8); a 0-d tensor
+            that requires grad is learnable (``learnable_beta``).
         sigmoid: f of the swap probability p = f(β (x_j - x_{j+1})): ``"logistic"`` (AlgoVision, default),
             ``"logistic_phi"``, ``"gaussian"``, ``"reciprocal"``, ``"cauchy"``, ``"optimal"``
             (:mod:`diffrank.operators.sigmoids`, same β scale).
@@ -89,8 +90,9 @@ class RelaxedBubbleSort(RankingOperator):
 
     doubly_stochastic = True
     permutation_equivariant = False
+    learnable_beta = True  # plain autograd ops: ∂/∂β through every relaxed swap
 
-    def __init__(self, beta: float = 10.0, sigmoid: str = "logistic", art_lambda: float = 0.25,
+    def __init__(self, beta: float | Tensor = 10.0, sigmoid: str = "logistic", art_lambda: float = 0.25,
                  early_exit: bool = True) -> None:
         super().__init__(beta)
         self.sigmoid = check_sigmoid(sigmoid)

@@ -497,7 +497,7 @@ class _PAVMagnitude(torch.autograd.Function):
         ctx.mark_non_differentiable(*output[1:])
         ctx.set_materialize_grads(False)
         ctx.cubic = inputs[2]
-        ctx.save_for_backward(*output[1:])
+        ctx.save_for_backward(inputs[0], *output[1:])
 
     @staticmethod
     def vmap(info, in_dims, z, k, cubic, lam):
@@ -507,14 +507,16 @@ class _PAVMagnitude(torch.autograd.Function):
     def backward(ctx, g: Tensor | None, *_):
         if g is None:
             return None, None, None, None
-        perm, a, c, den, start = ctx.saved_tensors
+        z, perm, a, c, den, start = ctx.saved_tensors
         cg = c * g.double().gather(-1, perm)
         scg = torch.zeros_like(cg).scatter_add(-1, start, cg).gather(-1, start)
         size = torch.zeros_like(cg).scatter_add(-1, start, torch.ones_like(cg)).gather(-1, start)
         w = torch.where(den > 0, a / torch.where(den > 0, den, 1.0), 1.0 / size)
         gz = _unsort(cg - w * scg, perm)
         if ctx.cubic:
-            return refuse_double_backward((gz, None, None, None), "sparse_soft_topk_magnitude(p=4/3)", "p=2")
+            # the weights depend on z but are saved as constants: tie gz to z (a zero term) so that differentiating it
+            # reaches the refusal instead of returning a silent 0 curvature
+            return refuse_double_backward((gz + 0 * z, None, None, None), "sparse_soft_topk_magnitude(p=4/3)", "p=2")
         return gz, None, None, None
 
 
