@@ -33,7 +33,11 @@ columns = items), so
 Layers whose pairs are a strided pattern (odd-even, power-of-two bitonic: ``Layer.block``) skip the
 gather and work on (nb, 2, d) views in place. The whole network is one autograd node (:class:`_Net`)
 with a hand-written backward pass (closed-form sigmoid slopes); :func:`reference_forward` is the same
-computation in plain autograd ops, and the tests check values and gradients of one against the other.
+computation in plain autograd ops, and the tests check values and gradients of one against the other. A backward
+that is itself recorded (``create_graph=True``, ``torch.func``) differentiates :func:`reference_forward` instead
+(:func:`differentiable_vjp`), so second derivatives are exact on every path (Newton losses, Hessians); a learnable
+β (a tensor that requires grad) runs :func:`reference_forward` directly. ``torch.func.vmap`` folds the mapped
+dimension into the batch; ``torch.compile`` runs the Function with graph breaks.
 
 Half-precision inputs are computed in float32 (α, values and P) and the result is cast back (by
 :class:`~diffrank.operators.base.RankingOperator`): hundreds of chained lerps in float16 / bfloat16 would
@@ -345,8 +349,9 @@ def reference_forward(net: Network, x: Tensor, beta: float, sigmoid: str, art_la
     """The same computation as :func:`run_network` in plain autograd ops (gathers and lerps per wire).
 
     Slower and heavier (every op is a graph node); kept as the executable definition the fused
-    implementation is tested against, including its gradients, and run by ``ComparatorNetwork(...,
-    twice_differentiable=True)``: autograd differentiates it twice (Hessian Newton losses, thesis Table 7.3).
+    implementation is tested against, including its gradients; run by ``ComparatorNetwork(...,
+    twice_differentiable=True)``, for a learnable β, and by the recorded backward of the fused paths
+    (:func:`differentiable_vjp`).
     """
     B, n = x.shape
     p = torch.eye(n, dtype=x.dtype, device=x.device).expand(B, n, n) if mode == "full" else None
