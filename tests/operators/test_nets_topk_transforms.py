@@ -152,6 +152,21 @@ def test_the_fused_network_and_its_plain_autograd_form_have_the_same_hessian():
 
 
 SLOW = pytest.mark.slow  # a compilation of ~15-40 s each on the CPU
+@pytest.mark.parametrize("cap", ["P", "topk", "soft_rank"])
+def test_torch_func_hessian_of_the_fused_network_first_call_inside_the_transform(cap):
+    """Forward-over-reverse (the jvp rule of the fused Function); the network's cached index tensors are built
+    inside the transform on the first call and must not leak its level into the next call."""
+    op = ComparatorNetwork(beta=3.0, network="bitonic")
+    x = _x(7, seed=10)  # n = 7: a network not built by any other test, so the caches start empty
+    hook = CAPS[cap][1]
+
+    def f(x):
+        return hook(op, x.unsqueeze(0)).sin().sum()
+
+    torch.testing.assert_close(torch.func.hessian(f)(x), torch.autograd.functional.hessian(f, x))
+    torch.testing.assert_close(torch.func.grad(f)(x), torch.autograd.functional.jacobian(f, x))
+
+
 COMPILED = [pytest.param("odd_even", "soft_sort"), pytest.param("odd_even", "P", marks=SLOW),
             pytest.param("sparse_pav_4/3", "topk", marks=SLOW), pytest.param("soft_topk_newton", "topk", marks=SLOW),
             pytest.param("sparse_dykstra", "topk", marks=SLOW), pytest.param("dftopk", "topk", marks=SLOW),

@@ -65,7 +65,7 @@ from torch import Tensor
 from diffrank.operators._vmap import fold_vmap
 from diffrank.operators.backend import check_backend, guarded_call, use_triton
 from diffrank.operators.base import TOPK_MEMBERSHIP, RankingOperator, check_k
-from diffrank.operators.networks import Network, build
+from diffrank.operators.networks import Network, build, constant
 from diffrank.operators.sigmoids import check_art_lambda, check_sigmoid, swap_slope, swap_weight
 
 # a beta at which P of scores spaced >= 0.5 apart is within 1e-3 of the hard permutation for n <= 8
@@ -87,7 +87,7 @@ def _direction(layer, device: torch.device, dtype: torch.dtype) -> Tensor:
     out = layer._cache.get(key)
     if out is None:
         _, sign = layer.tensors(device, dtype)
-        out = _pairs(sign.unsqueeze(0), layer.block, 1)[0][0].contiguous()
+        out = constant(lambda: _pairs(sign.unsqueeze(0), layer.block, 1)[0][0].contiguous())
         layer._cache[key] = out
     return out
 
@@ -158,7 +158,9 @@ class _Net(torch.autograd.Function):
     recomputes the network in plain autograd ops (:func:`differentiable_vjp`) instead of the fused walk, whose
     in-place updates autograd cannot differentiate. For ``torch.func`` the forward takes no ``ctx`` (its
     intermediates are extra, non-differentiable outputs) and ``vmap`` folds the mapped dimension into the batch
-    (:func:`fold_vmap`): every row is an independent network evaluation.
+    (:func:`fold_vmap`): every row is an independent network evaluation. Forward mode (``torch.func.jvp``,
+    ``jacfwd``, ``torch.func.hessian``) is the plain-autograd network's JVP (:meth:`jvp`; under ``torch.func`` only:
+    PyTorch does not nest forward-mode levels of ``torch.autograd.forward_ad``).
     """
 
     twice_differentiable = True  # read by diffrank.losses.newton (the backward is differentiable, see above)
@@ -212,6 +214,8 @@ class _Net(torch.autograd.Function):
         ctx.mark_non_differentiable(*output[1:])
         ctx.set_materialize_grads(False)  # no zero gradients for the intermediates
         ctx.save_for_backward(x, y0, *output[1:])
+        ctx.save_for_forward(x, y0)
+        ctx.n_extra = len(output) - 1
         ctx.net, ctx.beta, ctx.sigmoid, ctx.art_lambda, ctx.mode = net, beta, sigmoid, art_lambda, mode
         B, n = x.shape
         ctx.segment = _segment(len(net.layers), B * n * (n if mode == "full" else y0.shape[1] if mode == "rows"
@@ -220,6 +224,14 @@ class _Net(torch.autograd.Function):
     @staticmethod
     def vmap(info, in_dims, x, net, beta, sigmoid, art_lambda, mode, y0):
         return fold_vmap(info, in_dims, _Net.apply, (x, net, beta, sigmoid, art_lambda, mode, y0), rows=(0, 6))
+
+    @staticmethod
+    def jvp(ctx, x_t: Tensor | None, *_):
+        """Forward mode (``torch.func.jvp`` / ``jacfwd`` / ``hessian``): the plain-autograd network's JVP."""
+        x, y0 = ctx.saved_tensors[:2]
+        out_t = torch.func.jvp(lambda xr: reference_forward(ctx.net, xr, ctx.beta, ctx.sigmoid, ctx.art_lambda,
+                                                             ctx.mode, y0), (x,), (x_t,))[1]
+        return (out_t, *(None,) * ctx.n_extra)
 
     @staticmethod
     def backward(ctx, g: Tensor | None, *_):
@@ -487,7 +499,7 @@ class ComparatorNetwork(RankingOperator):
         net = build(self.network, x.shape[1], k)
         w_out = w_out.to(device=x.device, dtype=x.dtype)
         perm = net.out_perm_tensor(x.device)
-        y = w_out if perm is None else torch.zeros_like(w_out).index_copy_(1, perm, w_out)
+        y = w_out if perm is None else torch.zeros_like(w_out).index_copy(1, perm, w_out)
         return self._run(net, x, "rows", y.unsqueeze(0))
 
     def _permutation(self, x: Tensor, k: int | None) -> Tensor:
@@ -503,8 +515,10 @@ class ComparatorNetwork(RankingOperator):
     def _topk_membership(self, x: Tensor, ks: list[int]) -> Tensor:
         """Σ_{r<k} P[r, j] for each k in one bidirectional pass from the indicator rows (Petersen et al.
         2022, Eq. 2 and 3), through the network built for max(ks)."""
-        # built on the device (the k's from a cached index): no host-to-device copy per call
-        w_out = torch.arange(x.shape[1], device=x.device).unsqueeze(0) <= self._rows_index(ks, x.device).unsqueeze(1)
+        # built on the device (the k's from a cached index): no host-to-device copy per call; the index is a cached
+        # constant, built outside torch.func transforms (networks.constant)
+        rows = constant(lambda: self._rows_index(ks, x.device))
+        w_out = torch.arange(x.shape[1], device=x.device).unsqueeze(0) <= rows.unsqueeze(1)
         return self._rows(x, max(ks), w_out)
 
     def _soft_sort(self, x: Tensor) -> Tensor:
