@@ -317,7 +317,8 @@ class _NetKernel(torch.autograd.Function):
     Its forward takes no ``ctx`` and returns the layer weights and differences (and the rows' ``y0``) as extra,
     non-differentiable outputs, for ``torch.func``; ``vmap`` folds the mapped dimension into the batch. A backward
     that is itself recorded (``create_graph=True``, ``torch.func``) is the exact, differentiable one of the
-    PyTorch path (:func:`~diffrank.operators.sorting_network.differentiable_vjp`): second derivatives are exact.
+    PyTorch path (:func:`~diffrank.operators.sorting_network.differentiable_vjp`): second derivatives are exact. Forward
+    mode (``torch.func.jacfwd`` / ``hessian``) is the PyTorch path's JVP.
     """
 
     twice_differentiable = True  # read by diffrank.losses.newton
@@ -355,6 +356,7 @@ class _NetKernel(torch.autograd.Function):
         ctx.mark_non_differentiable(*output[1:])
         ctx.set_materialize_grads(False)  # no zero gradients for the intermediates
         ctx.save_for_backward(x, *output[1:], y0)
+        ctx.save_for_forward(x, y0)
         ctx.net, ctx.beta, ctx.sigmoid, ctx.art_lambda, ctx.mode = net, float(beta), sigmoid, float(art_lambda), mode
 
     @staticmethod
@@ -362,6 +364,19 @@ class _NetKernel(torch.autograd.Function):
         from diffrank.operators._vmap import fold_vmap
 
         return fold_vmap(info, in_dims, _NetKernel.apply, (x, net, beta, sigmoid, art_lambda, mode, y0), rows=(0, 6))
+
+    @staticmethod
+    def jvp(ctx, x_t: Tensor | None, *_):
+        """Forward mode (``torch.func.jacfwd`` / ``hessian``): the plain-autograd network's JVP, in float32."""
+        from diffrank.operators.sorting_network import reference_forward
+
+        x, y0 = ctx.saved_tensors[0], ctx.saved_tensors[-1]  # (x, y0): those saved for forward mode
+
+        def f(xr):
+            return reference_forward(ctx.net, xr, ctx.beta, ctx.sigmoid, ctx.art_lambda, ctx.mode,
+                                     None if y0 is None else y0.to(torch.float32))
+
+        return torch.func.jvp(f, (x.to(torch.float32),), (x_t.to(torch.float32),))[1], None, None
 
     @staticmethod
     def backward(ctx, g: Tensor | None, *_):
