@@ -186,3 +186,13 @@ def test_compile_first_call_equals_eager(name, cap):
     out.sin().sum().backward()
     ref.sin().sum().backward()
     torch.testing.assert_close(a.grad, b.grad)
+
+
+@pytest.mark.parametrize("name,cap", [("dftopk", "topk"), pytest.param("bubble", "soft_rank", marks=SLOW)])
+def test_fullgraph_compile_of_the_pure_torch_hooks(name, cap):
+    """DFTopK and relaxed bubble sort are plain torch ops: their hooks compile as one graph (the public methods'
+    host-side check is operators/base.py's part of issue 35)."""
+    torch._dynamo.reset()
+    op, (_, hook) = _op(name), CAPS[cap]
+    x = _x(2, 6, seed=11)
+    torch.testing.assert_close(torch.compile(lambda x: hook(op, x), fullgraph=True)(x), hook(op, x))
