@@ -229,3 +229,29 @@ def test_checkpointed_rows_backward_matches_pytorch(network, n, monkeypatch):
         full = max(sizes) if threshold else full
     L = len(build(network, n, 3 if network == "splitter_selection" else None).layers)
     assert L >= 9 and max(sizes) < full  # the largest buffer, the rows snapshots, shrank
+
+
+@pytest.mark.parametrize("cap", ["P", "rows", "soft_sort"])
+def test_torch_func_and_second_derivatives_match_pytorch(cap):
+    """vmap (folded into the batch), grad, the recorded (differentiable) backward and forward mode (torch.func.hessian)
+    of the kernel Function equal the PyTorch path's, float32."""
+    ref, fused = _pair("bitonic", "cauchy")
+    f = {"P": lambda op, x: op._permutation(x, None), "rows": lambda op, x: op._permutation(x, 2),
+         "soft_sort": lambda op, x: op._soft_sort(x)}[cap]
+    gen = torch.Generator().manual_seed(0)
+    xs = torch.randn(3, 2, 6, generator=gen)
+    torch.testing.assert_close(torch.func.vmap(lambda x: f(fused, x))(xs), torch.stack([f(ref, x) for x in xs]),
+                               atol=1e-5, rtol=1e-5)
+    x = xs[0]
+
+    def hvp(op):
+        leaf = x.clone().requires_grad_()
+        (g,) = torch.autograd.grad(f(op, leaf).sin().sum(), leaf, create_graph=True)
+        return torch.autograd.grad(g.sum(), leaf)[0]
+
+    torch.testing.assert_close(hvp(fused), hvp(ref), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(torch.func.grad(lambda x: f(fused, x).sin().sum())(x),
+                               torch.func.grad(lambda x: f(ref, x).sin().sum())(x), atol=1e-5, rtol=1e-4)
+    v = x[0]
+    hessians = [torch.func.hessian(lambda v, op=op: f(op, v.unsqueeze(0)).sin().sum())(v) for op in (fused, ref)]
+    torch.testing.assert_close(*hessians, atol=1e-4, rtol=1e-4)

@@ -130,3 +130,18 @@ def test_cuda_matches_pytorch(n):
     _close(g, g_ref, torch.float64, GRAD_TOL)
     a32 = SoftTopK(10.0, backend="auto").topk_membership(s.float(), [1, n // 10])
     _close(a32, a_ref.float(), torch.float32)
+
+
+def test_torch_func_and_second_derivatives_match_pytorch():
+    """vmap (folded into the batch), jacrev and the recorded backward (torch ops on A: exact second derivatives) of
+    the fused Newton Function equal the PyTorch path's."""
+    fused, ref = SoftTopK(beta=2.0, backend="triton", tolerance=1e-12), SoftTopK(beta=2.0, backend="torch",
+                                                                                 tolerance=1e-12)
+    x = torch.randn(3, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    leaf = x.clone().requires_grad_()
+    assert torch.autograd.gradgradcheck(lambda x: fused._topk_membership(x, [2, 4]), (leaf,), atol=1e-5)
+    xs = torch.randn(4, 3, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(torch.func.vmap(lambda x: fused._topk_membership(x, [2]))(xs),
+                               torch.stack([ref._topk_membership(a, [2]) for a in xs]))
+    torch.testing.assert_close(torch.func.jacrev(lambda x: fused._topk_membership(x, [2, 4]))(x),
+                               torch.func.jacrev(lambda x: ref._topk_membership(x, [2, 4]))(x))

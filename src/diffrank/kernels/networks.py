@@ -312,12 +312,21 @@ def supports(n: int, dtype: torch.dtype) -> bool:
 
 
 class _NetKernel(torch.autograd.Function):
-    """The relaxed network through the fused kernels; one autograd node (first derivatives only)."""
+    """The relaxed network through the fused kernels; one autograd node.
+
+    Its forward takes no ``ctx`` and returns the layer weights and differences (and the rows' ``y0``) as extra,
+    non-differentiable outputs, for ``torch.func``; ``vmap`` folds the mapped dimension into the batch. A backward
+    that is itself recorded (``create_graph=True``, ``torch.func``) is the exact, differentiable one of the
+    PyTorch path (:func:`~diffrank.operators.sorting_network.differentiable_vjp`): second derivatives are exact. Forward
+    mode (``torch.func.jacfwd`` / ``hessian``) is the PyTorch path's JVP.
+    """
+
+    twice_differentiable = True  # read by diffrank.losses.newton
 
     @staticmethod
-    def forward(ctx, x: Tensor, tables: tuple[Tensor, Tensor, Tensor], beta: float, sigmoid: str,
-                art_lambda: float, mode: str, y0: Tensor | None) -> Tensor:
-        partner, sign, index = tables
+    def forward(x: Tensor, net, beta: float, sigmoid: str, art_lambda: float, mode: str,
+                y0: Tensor | None) -> tuple[Tensor, ...]:
+        partner, sign, index = net.layer_tables(x.device)
         x = x.detach().to(torch.float32).contiguous()
         B, n = x.shape
         L = int(index.shape[0])
@@ -329,11 +338,8 @@ class _NetKernel(torch.autograd.Function):
         scratch = torch.empty(B, 2, block, dtype=torch.float32, device=x.device)
         _values_fwd[(B,)](x, out, w, d, scratch, partner, sign, index, n, L, float(beta), float(art_lambda),
                           SIGMOID=code, BLOCK=block, num_warps=_warps(block))
-        ctx.tables, ctx.beta, ctx.sigmoid, ctx.art_lambda, ctx.mode = tables, float(beta), code, \
-            float(art_lambda), mode
         if mode == "values":
-            ctx.save_for_backward(w, d)
-            return out
+            return out, w, d
         y0 = y0.to(device=x.device, dtype=torch.float32).contiguous()
         m = y0.shape[1]
         bm, bn, tiles = _rows_tiling(m, n)
@@ -342,18 +348,55 @@ class _NetKernel(torch.autograd.Function):
         bstride = 0 if y0.shape[0] == 1 else m * n
         _rows_fwd[(B, tiles)](y0, bstride, rows, w, scratch, partner, index, n, m, L, BLOCK_M=bm, BLOCK_N=bn,
                               num_warps=_warps(bm * bn))
-        ctx.save_for_backward(w, d, y0)
-        return rows
+        return rows, w, d
 
     @staticmethod
-    def backward(ctx, g: Tensor):
-        partner, sign, index = ctx.tables
-        w, d = ctx.saved_tensors[:2]
+    def setup_context(ctx, inputs, output) -> None:
+        x, net, beta, sigmoid, art_lambda, mode, y0 = inputs
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.set_materialize_grads(False)  # no zero gradients for the intermediates
+        ctx.save_for_backward(x, *output[1:], y0)
+        ctx.save_for_forward(x, y0)
+        ctx.net, ctx.beta, ctx.sigmoid, ctx.art_lambda, ctx.mode = net, float(beta), sigmoid, float(art_lambda), mode
+
+    @staticmethod
+    def vmap(info, in_dims, x, net, beta, sigmoid, art_lambda, mode, y0):
+        from diffrank.operators._vmap import fold_vmap
+
+        return fold_vmap(info, in_dims, _NetKernel.apply, (x, net, beta, sigmoid, art_lambda, mode, y0), rows=(0, 6))
+
+    @staticmethod
+    def jvp(ctx, x_t: Tensor | None, *_):
+        """Forward mode (``torch.func.jacfwd`` / ``hessian``): the plain-autograd network's JVP, in float32."""
+        from diffrank.operators.sorting_network import reference_forward
+
+        x, y0 = ctx.saved_tensors[0], ctx.saved_tensors[-1]  # (x, y0): those saved for forward mode
+
+        def f(xr):
+            return reference_forward(ctx.net, xr, ctx.beta, ctx.sigmoid, ctx.art_lambda, ctx.mode,
+                                     None if y0 is None else y0.to(torch.float32))
+
+        return torch.func.jvp(f, (x.to(torch.float32),), (x_t.to(torch.float32),))[1], None, None
+
+    @staticmethod
+    def backward(ctx, g: Tensor | None, *_):
+        none = (None,) * 6
+        if g is None:
+            return (None, *none)
+        x, w, d, y0 = ctx.saved_tensors
+        if torch.is_grad_enabled():  # the backward is recorded: the exact, differentiable one
+            from diffrank.operators.sorting_network import differentiable_vjp
+
+            gx = differentiable_vjp(ctx.net, x.to(torch.float32), ctx.beta, ctx.sigmoid, ctx.art_lambda, ctx.mode,
+                                    y0, g.to(torch.float32))
+            return (gx.to(x.dtype), *none)
+        partner, sign, index = ctx.net.layer_tables(g.device)
+        code = SIGMOID_CODES[ctx.sigmoid]
         B, L, n = w.shape
         g = g.to(torch.float32).contiguous()
         gw = None
         if ctx.mode == "rows":
-            y0 = ctx.saved_tensors[2]
+            y0 = y0.to(device=g.device, dtype=torch.float32).contiguous()
             m = y0.shape[1]
             bm, bn, tiles = _rows_tiling(m, n)
             gw_part = torch.empty(B, tiles, L, n, dtype=torch.float32, device=g.device)
@@ -372,9 +415,9 @@ class _NetKernel(torch.autograd.Function):
         scratch = torch.empty(B, 2, block, dtype=torch.float32, device=g.device)
         has_gout = ctx.mode == "values"
         _values_bwd[(B,)](g if has_gout else gx, gw if gw is not None else w, w, d, gx, scratch, partner, sign,
-                          index, n, L, ctx.beta, ctx.art_lambda, SIGMOID=ctx.sigmoid, HAS_GOUT=has_gout,
+                          index, n, L, ctx.beta, ctx.art_lambda, SIGMOID=code, HAS_GOUT=has_gout,
                           HAS_GW=gw is not None, BLOCK=block, num_warps=_warps(block))
-        return gx, None, None, None, None, None, None
+        return (gx.to(x.dtype), *none)
 
 
 def network_kernel(net, x: Tensor, beta: float, sigmoid: str, art_lambda: float, mode: str = "values",
@@ -405,4 +448,4 @@ def network_kernel(net, x: Tensor, beta: float, sigmoid: str, art_lambda: float,
         raise ValueError(f"mode must be 'values' or 'rows' (the latter with y0), got {mode!r}")
     if y0 is not None and (y0.dim() != 3 or y0.shape[0] not in (1, x.shape[0]) or y0.shape[2] != net.n):
         raise ValueError(f"y0 must be (1 or {x.shape[0]}, m, {net.n}), got {tuple(y0.shape)}")
-    return _NetKernel.apply(x, net.layer_tables(x.device), beta, sigmoid, art_lambda, mode, y0)
+    return _NetKernel.apply(x, net, beta, sigmoid, art_lambda, mode, y0)[0]

@@ -23,6 +23,8 @@ uses them for CUDA inputs with ``backend="auto"`` and always with ``backend="tri
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 import triton
 import triton.language as tl
@@ -139,10 +141,19 @@ _MAX_BLOCK = 512
 
 
 class _SoftTopKNewton(torch.autograd.Function):
-    """A[b, m] = σ(z_b + Δ_bm) with Σ_i A = k_m; backward by the implicit function theorem."""
+    """A[b, m] = σ(z_b + Δ_bm) with Σ_i A = k_m; backward by the implicit function theorem.
+
+    For ``torch.func`` the forward takes no ``ctx`` (Δ is an extra, non-differentiable output), ``vmap`` folds the
+    mapped dimension into the batch and ``info`` is a ``SimpleNamespace`` (not a pytree). A recorded backward
+    (``create_graph=True``, ``torch.func``) is the same formula in torch ops on the output, σ' = A (1 - A), which
+    autograd differentiates through this Function again: exact second derivatives.
+    """
+
+    twice_differentiable = True  # read by diffrank.losses.newton
 
     @staticmethod
-    def forward(ctx, scores: Tensor, ks: Tensor, scale: Tensor, max_iter: int, info: dict) -> Tensor:
+    def forward(scores: Tensor, ks: Tensor, scale: Tensor, max_iter: int, info: SimpleNamespace
+                ) -> tuple[Tensor, Tensor]:
         s = scores.contiguous()
         B, n = s.shape
         M = ks.shape[0]
@@ -157,18 +168,38 @@ class _SoftTopKNewton(torch.autograd.Function):
         _soft_topk_fwd[(B * M,)](s, start, kr, scale, a, delta, stat, n, M, int(max_iter),
                                  BLOCK=block_size(n, _MAX_BLOCK))
         it_err = stat.amax(0).tolist()  # one host synchronisation, as the PyTorch path's stopping rule
-        info["iterations"], info["error"] = int(it_err[0]), it_err[1]
-        ctx.save_for_backward(s, scale, delta)
-        ctx.M = M
-        return a
+        info.iterations, info.error = int(it_err[0]), it_err[1]
+        return a, delta.view(B, M)  # (B, M): row-indexed, for vmap's folding
 
     @staticmethod
-    def backward(ctx, grad_a: Tensor):
-        s, scale, delta = ctx.saved_tensors
+    def setup_context(ctx, inputs, output) -> None:
+        scores, _, scale = inputs[:3]
+        ctx.mark_non_differentiable(output[1])
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(scores, scale, output[1], output[0])
+
+    @staticmethod
+    def vmap(info, in_dims, scores, ks, scale, max_iter, stats):
+        from diffrank.operators._vmap import fold_vmap
+
+        return fold_vmap(info, in_dims, _SoftTopKNewton.apply, (scores, ks, scale, max_iter, stats), rows=(0, 2))
+
+    @staticmethod
+    def backward(ctx, grad_a: Tensor | None, _=None):
+        if grad_a is None:
+            return None, None, None, None, None
+        s, scale, delta, a = ctx.saved_tensors
+        if torch.is_grad_enabled():  # recorded: the implicit derivative in torch ops on A (differentiable)
+            w = (a * (1 - a)).double()
+            g = grad_a.double()
+            gbar = (w * g).sum(-1, keepdim=True) / w.sum(-1, keepdim=True).clamp_min(1e-300)
+            ds = (2 * scale.double().view(-1, 1, 1) * w * (g - gbar)).sum(1)
+            return ds.to(s.dtype), None, None, None, None
         B, n = s.shape
-        M = ctx.M
+        M = a.shape[1]
         ds = torch.empty(B, M, n, dtype=torch.float64, device=s.device)
-        _soft_topk_bwd[(B * M,)](s, scale, delta, grad_a.contiguous(), ds, n, M, BLOCK=block_size(n, _MAX_BLOCK))
+        _soft_topk_bwd[(B * M,)](s, scale, delta.contiguous(), grad_a.contiguous(), ds, n, M,
+                                 BLOCK=block_size(n, _MAX_BLOCK))
         return ds.sum(1).to(s.dtype), None, None, None, None
 
 
@@ -195,4 +226,8 @@ def soft_topk_newton(scores: Tensor, ks: Tensor, eps: float, norm: Tensor, max_i
         and warns when the solve stops above its tolerance.
     """
     scale = (1.0 / (eps * norm.double().reshape(-1))).contiguous()
-    return _SoftTopKNewton.apply(scores, ks, scale, max_iter, {} if info is None else info)
+    stats = SimpleNamespace()
+    a = _SoftTopKNewton.apply(scores, ks, scale, max_iter, stats)[0]
+    if info is not None:
+        info["iterations"], info["error"] = stats.iterations, stats.error
+    return a

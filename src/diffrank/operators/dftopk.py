@@ -31,7 +31,7 @@ class DFTopK(RankingOperator):
     in the compute dtype (float32 for half inputs, cast back). O(n + k log k) per row (``torch.topk``).
 
     Args:
-        beta: inverse temperature β = 1/τ > 0.
+        beta: inverse temperature β = 1/τ > 0; a 0-d tensor that requires grad is learnable (``learnable_beta``).
         detach_threshold: if True, no gradient flows through t (default False, as the paper's snippet).
 
     Raises:
@@ -41,9 +41,10 @@ class DFTopK(RankingOperator):
     capabilities = frozenset({TOPK_MEMBERSHIP})
     permutation_equivariant = True
     sums_to_k = False
+    learnable_beta = True  # σ(β (x - t)): autograd gives ∂/∂β
     hard_beta = 50.0  # σ(-50 × 0.225) < 2e-5: the contract's scores keep >= 0.225 from the midpoint
 
-    def __init__(self, beta: float = 10.0, detach_threshold: bool = False) -> None:
+    def __init__(self, beta: float | Tensor = 10.0, detach_threshold: bool = False) -> None:
         super().__init__(beta)
         self.detach_threshold = bool(detach_threshold)
 

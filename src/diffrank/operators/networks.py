@@ -38,6 +38,21 @@ import torch
 from torch import Tensor
 
 
+def constant(make):
+    """``make()`` outside any ``torch.func`` transform: a tensor cached across calls must be a plain tensor. Built
+    inside ``jacfwd`` / ``hessian`` (whose levels wrap even the ``.to(device)`` of a numpy array), it would be
+    that level's wrapper, and a later call would fail with functorch's "level … escaped" assertion.
+
+    Args:
+        make: a function of no arguments returning a tensor or a tuple of tensors.
+
+    Returns:
+        What ``make`` returns, built with the functorch dispatch disabled.
+    """
+    with torch._C._DisableFuncTorch():
+        return make()
+
+
 @dataclass(eq=False)
 class Layer:
     """One layer of disjoint comparators on ``n`` wires.
@@ -95,7 +110,8 @@ class Layer:
             sign = np.zeros(self.n, dtype=np.float64)
             sign[self.hi] = 1.0
             sign[self.lo] = -1.0
-            out = (torch.from_numpy(partner).to(device), torch.from_numpy(sign).to(device=device, dtype=dtype))
+            out = constant(lambda: (torch.from_numpy(partner).to(device),
+                                    torch.from_numpy(sign).to(device=device, dtype=dtype)))
             self._cache[key] = out
         return out
 
@@ -135,7 +151,7 @@ class Network:
             return None
         key = torch.device(device)
         if key not in self._cache:
-            self._cache[key] = torch.from_numpy(self.out_perm).to(device)
+            self._cache[key] = constant(lambda: torch.from_numpy(self.out_perm).to(device))
         return self._cache[key]
 
     def layer_tables(self, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
@@ -167,7 +183,8 @@ class Network:
                 partner[u, layer.lo] = layer.hi
                 sign[u, layer.hi] = 1
                 sign[u, layer.lo] = -1
-            out = tuple(torch.from_numpy(a).to(device) for a in (partner, sign, np.asarray(index, dtype=np.int32)))
+            out = constant(lambda: tuple(torch.from_numpy(a).to(device)
+                                         for a in (partner, sign, np.asarray(index, dtype=np.int32))))
             self._cache[key] = out
         return out
 

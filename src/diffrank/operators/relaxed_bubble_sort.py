@@ -68,7 +68,8 @@ class RelaxedBubbleSort(RankingOperator):
 
     Args:
         beta: inverse temperature β > 0 of the relaxed swaps (AlgoVision's ``beta``). Default 8, the thesis'
-            Table 2.1 value and the config's (``configs/operator/relaxed_bubble_sort.yaml``).
+            Table 2.1 value and the config's (``configs/operator/relaxed_bubble_sort.yaml``); a 0-d tensor that
+            requires grad is learnable (``learnable_beta``).
         sigmoid: f of the swap probability p = f(β (x_j - x_{j+1})): ``"logistic"`` (AlgoVision, default),
             ``"logistic_phi"``, ``"gaussian"``, ``"reciprocal"``, ``"cauchy"``, ``"optimal"``
             (:mod:`diffrank.operators.sigmoids`, same β scale).
@@ -90,8 +91,9 @@ class RelaxedBubbleSort(RankingOperator):
 
     doubly_stochastic = True
     permutation_equivariant = False
+    learnable_beta = True  # plain autograd ops: ∂/∂β through every relaxed swap
 
-    def __init__(self, beta: float = 8.0, sigmoid: str = "logistic", art_lambda: float = 0.25,
+    def __init__(self, beta: float | Tensor = 8.0, sigmoid: str = "logistic", art_lambda: float = 0.25,
                  early_exit: bool = True) -> None:
         super().__init__(beta)
         self.sigmoid = check_sigmoid(sigmoid)

@@ -43,10 +43,12 @@ from __future__ import annotations
 
 import math
 import warnings
+from types import SimpleNamespace
 
 import torch
 from torch import Tensor
 
+from diffrank.operators._vmap import fold_vmap
 from diffrank.operators.backend import check_backend, use_triton
 from diffrank.operators.base import TOPK_MEMBERSHIP, RankingOperator, check_beta, check_k, check_scores, compute_dtype
 from diffrank.operators.log_sinkhorn import SinkhornSchedule, log_sinkhorn
@@ -140,10 +142,14 @@ def _implicit_vjp(gam: Tensor, eps: float, grad_gam: Tensor) -> Tensor:
     ju = p * (u - (p * u).sum(-1, keepdim=True))  # J_i u_i
     v = (r * ju).sum(-2)  # (R, m)
     hb, vb = h[..., : m - 1, : m - 1], v[..., : m - 1].unsqueeze(-1)
-    qb, info = torch.linalg.solve_ex(hb, vb)
-    bad = info != 0
-    if bool(bad.any()):
-        qb[bad] = torch.linalg.pinv(hb[bad], hermitian=True) @ vb[bad]
+    if m == 2:  # top-k: a 1×1 system, its pseudo-inverse without a host read (vmappable, twice differentiable)
+        pos = hb > 0
+        qb = torch.where(pos, vb / torch.where(pos, hb, 1.0), 0.0)
+    else:
+        qb, info = torch.linalg.solve_ex(hb, vb)
+        bad = info != 0
+        if bool(bad.any()):
+            qb = torch.where(bad.view(-1, 1, 1), torch.linalg.pinv(hb, hermitian=True) @ vb, qb)
     q = torch.cat([qb.squeeze(-1), qb.new_zeros(qb.shape[0], 1)], dim=-1).unsqueeze(-2)  # (R, 1, m)
     uq = u - q
     grad_z = gam * (uq - (p * uq).sum(-1, keepdim=True))
@@ -151,11 +157,21 @@ def _implicit_vjp(gam: Tensor, eps: float, grad_gam: Tensor) -> Tensor:
 
 
 class _SoftTopKOT(torch.autograd.Function):
-    """Γ of the entropic OT between x (masses 1/n) and anchors y (masses ν); forward solve, backward Alg. 4."""
+    """Γ (float64) of the entropic OT between x (masses 1/n) and anchors y (masses ν); forward solve, backward Alg. 4.
+
+    The backward is torch ops on the saved plan Γ, which is this Function's output: a recorded backward
+    (``create_graph=True``, ``torch.func``) differentiates Γ through the implicit derivative again, so second
+    derivatives are exact (those of the converged plan; as the first ones, they match finite differences as well as
+    the forward has converged). For ``torch.func`` the forward takes no ``ctx``, ``vmap`` folds the mapped dimension
+    into the rows, and ``info`` (a ``SimpleNamespace``, not a pytree: it reaches the forward unchanged) receives
+    the iterations.
+    """
+
+    twice_differentiable = True  # read by diffrank.losses.newton
 
     @staticmethod
-    def forward(ctx, x: Tensor, y: Tensor, log_nu: Tensor, eps: float, norm: Tensor, schedule: SinkhornSchedule,
-                solver: str, info: dict) -> Tensor:
+    def forward(x: Tensor, y: Tensor, log_nu: Tensor, eps: float, norm: Tensor, schedule: SinkhornSchedule,
+                solver: str, info: SimpleNamespace) -> Tensor:
         R, n = x.shape
         # float64 whatever the input: at small ε the exponents (f + g - C)/ε reach 1e4-1e6 and float32's
         # ulp there (1e-3-0.1) turns Γ into noise. Each row of C is shifted by its minimum, which leaves Γ
@@ -168,13 +184,22 @@ class _SoftTopKOT(torch.autograd.Function):
             log_gam, it, err = log_sinkhorn(C, C.new_full((1, n), -math.log(n)), log_nu.double(), eps, schedule)
             gam = log_gam.exp()
             what = "Sinkhorn stopped with the item-marginal error"
-        info["iterations"] = it
+        info.iterations = it
         if schedule.tolerance is not None and not err < schedule.tolerance:
             warnings.warn(f"SOFT top-k: {what} {err:.2e} > tolerance {schedule.tolerance:g} after {it} iterations "
                           f"(ε = {eps:g}); raise max_iter or lower beta", RuntimeWarning, stacklevel=2)
+        return gam
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, y, log_nu, eps, norm = inputs[:5]
         ctx.eps = eps
-        ctx.save_for_backward(x, y, gam, norm)
-        return gam.to(x.dtype)
+        ctx.save_for_backward(x, y, output, norm)
+
+    @staticmethod
+    def vmap(info, in_dims, x, y, log_nu, eps, norm, schedule, solver, stats):
+        return fold_vmap(info, in_dims, _SoftTopKOT.apply, (x, y, log_nu, eps, norm, schedule, solver, stats),
+                         rows=(0, 2, 4))
 
     @staticmethod
     def backward(ctx, grad_gam: Tensor):
@@ -253,7 +278,7 @@ def soft_topk_sorted(scores: Tensor, k: int, beta: float, max_iter: int = 2000, 
         nu[-1] = (n - k) / n
     log_nu = nu.log().expand(B, m).contiguous()
     norm = _cost_norm(x, y, cost_normalization)
-    gam = _SoftTopKOT.apply(x, y, log_nu, eps, norm, schedule, solver, {})
+    gam = _SoftTopKOT.apply(x, y, log_nu, eps, norm, schedule, solver, SimpleNamespace()).to(x.dtype)
     return (n * gam[..., :k]).transpose(-1, -2).to(scores.dtype)
 
 
@@ -323,10 +348,10 @@ class SoftTopK(RankingOperator):
         log_nu = torch.stack([torch.log(kt / n), torch.log((n - kt) / n)], dim=-1)  # (M, 2)
         xr = x.unsqueeze(1).expand(B, M, n).reshape(B * M, n)
         norm = _cost_norm(x, y, self.cost_normalization).repeat_interleave(M, dim=0)
-        info: dict = {}
+        info = SimpleNamespace()
         gam = _SoftTopKOT.apply(xr, y, log_nu.repeat(B, 1), 1.0 / self.beta, norm, self.schedule, self.solver, info)
-        self.last_iterations = info["iterations"]
-        a = (n * gam[..., 0]).view(B, M, n)
+        self.last_iterations = info.iterations
+        a = (n * gam[..., 0]).view(B, M, n).to(x.dtype)
         return out.index_copy(1, torch.tensor(partial, device=x.device), a)
 
     def _triton_newton(self, scores: Tensor, ks: list[int], x: Tensor, y: Tensor) -> Tensor:

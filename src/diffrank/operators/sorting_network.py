@@ -33,7 +33,11 @@ columns = items), so
 Layers whose pairs are a strided pattern (odd-even, power-of-two bitonic: ``Layer.block``) skip the
 gather and work on (nb, 2, d) views in place. The whole network is one autograd node (:class:`_Net`)
 with a hand-written backward pass (closed-form sigmoid slopes); :func:`reference_forward` is the same
-computation in plain autograd ops, and the tests check values and gradients of one against the other.
+computation in plain autograd ops, and the tests check values and gradients of one against the other. A backward
+that is itself recorded (``create_graph=True``, ``torch.func``) differentiates :func:`reference_forward` instead
+(:func:`differentiable_vjp`), so second derivatives are exact on every path (Newton losses, Hessians); a learnable
+β (a tensor that requires grad) runs :func:`reference_forward` directly. ``torch.func.vmap`` folds the mapped
+dimension into the batch; ``torch.compile`` runs the Function with graph breaks.
 
 Half-precision inputs are computed in float32 (α, values and P) and the result is cast back (by
 :class:`~diffrank.operators.base.RankingOperator`): hundreds of chained lerps in float16 / bfloat16 would
@@ -58,9 +62,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from diffrank.operators._vmap import fold_vmap
 from diffrank.operators.backend import check_backend, guarded_call, use_triton
 from diffrank.operators.base import TOPK_MEMBERSHIP, RankingOperator, check_k
-from diffrank.operators.networks import Network, build
+from diffrank.operators.networks import Network, build, constant
 from diffrank.operators.sigmoids import check_art_lambda, check_sigmoid, swap_slope, swap_weight
 
 # a beta at which P of scores spaced >= 0.5 apart is within 1e-3 of the hard permutation for n <= 8
@@ -82,7 +87,7 @@ def _direction(layer, device: torch.device, dtype: torch.dtype) -> Tensor:
     out = layer._cache.get(key)
     if out is None:
         _, sign = layer.tensors(device, dtype)
-        out = _pairs(sign.unsqueeze(0), layer.block, 1)[0][0].contiguous()
+        out = constant(lambda: _pairs(sign.unsqueeze(0), layer.block, 1)[0][0].contiguous())
         layer._cache[key] = out
     return out
 
@@ -147,13 +152,22 @@ class _Net(torch.autograd.Function):
     of the values (O(L·B·n)) and the Δ of P / rows (O(L·B·n²) for full P, O(L·B·m·n) for rows) while that is
     at most :data:`CHECKPOINT_ELEMENTS`; above, only a snapshot of the chain every S = ⌈√L⌉ layers, from
     which the backward recomputes one segment's Δ at a time (activation checkpointing): O(√L·B·n²) for full P
-    (n = 1 024, odd-even: 2.0 GiB saved without, see docs/gpu.md), for one more pass of the chain. First
-    derivatives only (no double backward).
+    (n = 1 024, odd-even: 2.0 GiB saved without, see docs/gpu.md), for one more pass of the chain.
+
+    Second derivatives are exact: a backward that is itself recorded (``create_graph=True``, ``torch.func``)
+    recomputes the network in plain autograd ops (:func:`differentiable_vjp`) instead of the fused walk, whose
+    in-place updates autograd cannot differentiate. For ``torch.func`` the forward takes no ``ctx`` (its
+    intermediates are extra, non-differentiable outputs) and ``vmap`` folds the mapped dimension into the batch
+    (:func:`fold_vmap`): every row is an independent network evaluation. Forward mode (``torch.func.jvp``,
+    ``jacfwd``, ``torch.func.hessian``) is the plain-autograd network's JVP (:meth:`jvp`; under ``torch.func`` only:
+    PyTorch does not nest forward-mode levels of ``torch.autograd.forward_ad``).
     """
 
+    twice_differentiable = True  # read by diffrank.losses.newton (the backward is differentiable, see above)
+
     @staticmethod
-    def forward(ctx, x: Tensor, net: Network, beta: float, sigmoid: str, art_lambda: float, mode: str,
-                y0: Tensor | None) -> Tensor:
+    def forward(x: Tensor, net: Network, beta: float, sigmoid: str, art_lambda: float, mode: str,
+                y0: Tensor | None) -> tuple[Tensor, ...]:
         x = x.clone(memory_format=torch.contiguous_format)
         B, n = x.shape
         p = torch.eye(n, dtype=x.dtype, device=x.device).repeat(B, 1, 1) if mode == "full" else None
@@ -192,18 +206,46 @@ class _Net(torch.autograd.Function):
                 if S == 1:
                     snaps.append(dy)
             out = y
-        ctx.save_for_backward(*xd, *ws, *snaps)
-        ctx.net, ctx.beta, ctx.sigmoid, ctx.art_lambda, ctx.mode = net, beta, sigmoid, art_lambda, mode
-        ctx.segment = S
-        return out
+        return (out, *xd, *ws, *snaps)
 
     @staticmethod
-    def backward(ctx, g: Tensor):
+    def setup_context(ctx, inputs, output) -> None:
+        x, net, beta, sigmoid, art_lambda, mode, y0 = inputs
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.set_materialize_grads(False)  # no zero gradients for the intermediates
+        ctx.save_for_backward(x, y0, *output[1:])
+        ctx.save_for_forward(x, y0)
+        ctx.n_extra = len(output) - 1
+        ctx.net, ctx.beta, ctx.sigmoid, ctx.art_lambda, ctx.mode = net, beta, sigmoid, art_lambda, mode
+        B, n = x.shape
+        ctx.segment = _segment(len(net.layers), B * n * (n if mode == "full" else y0.shape[1] if mode == "rows"
+                                                          else 0))
+
+    @staticmethod
+    def vmap(info, in_dims, x, net, beta, sigmoid, art_lambda, mode, y0):
+        return fold_vmap(info, in_dims, _Net.apply, (x, net, beta, sigmoid, art_lambda, mode, y0), rows=(0, 6))
+
+    @staticmethod
+    def jvp(ctx, x_t: Tensor | None, *_):
+        """Forward mode (``torch.func.jvp`` / ``jacfwd`` / ``hessian``): the plain-autograd network's JVP."""
+        x, y0 = ctx.saved_tensors[:2]
+        out_t = torch.func.jvp(lambda xr: reference_forward(ctx.net, xr, ctx.beta, ctx.sigmoid, ctx.art_lambda,
+                                                             ctx.mode, y0), (x,), (x_t,))[1]
+        return (out_t, *(None,) * ctx.n_extra)
+
+    @staticmethod
+    def backward(ctx, g: Tensor | None, *_):
+        none = (None,) * 6
+        if g is None:
+            return (None, *none)
         net, mode = ctx.net, ctx.mode
+        saved = ctx.saved_tensors
+        if torch.is_grad_enabled():  # the backward is recorded: exact second derivatives
+            return (differentiable_vjp(net, saved[0], ctx.beta, ctx.sigmoid, ctx.art_lambda, mode, saved[1], g),
+                    *none)
         layers = net.layers
         L = len(layers)
-        saved = ctx.saved_tensors
-        xd, ws, snaps = saved[:L], saved[L:2 * L], saved[2 * L:]
+        xd, ws, snaps = saved[2:L + 2], saved[L + 2:2 * L + 2], saved[2 * L + 2:]
         gws: list[Tensor | None] = [None] * L
         g = g.contiguous().clone()
         if mode == "rows":
@@ -266,17 +308,36 @@ class _Net(torch.autograd.Function):
                 g_slope = gx * (delta * slope) if gw is None else gw * slope + gx * (delta * slope)
                 g_diff = g_slope * sign + gx * w
                 gx = gx - g_diff + g_diff.index_select(1, partner)
-        return gx, None, None, None, None, None, None
+        return (gx, *none)
 
 
-def run_network(net: Network, x: Tensor, beta: float, sigmoid: str, art_lambda: float, mode: str = "values",
+def differentiable_vjp(net: Network, x: Tensor, beta: float | Tensor, sigmoid: str, art_lambda: float, mode: str,
+                       y0: Tensor | None, g: Tensor) -> Tensor:
+    """``gᵀ ∂out/∂x`` of the network as a differentiable function of ``x`` and ``g`` (the exact double backward of
+    :class:`_Net` and of the fused kernels): the network recomputed in plain autograd ops
+    (:func:`reference_forward`) under ``torch.func.vjp``, which composes with the outer autograd graph and with
+    ``torch.func`` transforms (``jacrev`` maps the backward over a batch of ``g``, where ``torch.autograd.grad``
+    cannot run).
+
+    Args:
+        net, x, beta, sigmoid, art_lambda, mode, y0: as :func:`run_network` (``x`` the saved input, in its graph).
+        g: the gradient of the output (shape of the output).
+
+    Returns:
+        ``(B, n)`` gradient with respect to ``x``, itself differentiable.
+    """
+    return torch.func.vjp(lambda xr: reference_forward(net, xr, beta, sigmoid, art_lambda, mode, y0), x)[1](g)[0]
+
+
+def run_network(net: Network, x: Tensor, beta: float | Tensor, sigmoid: str, art_lambda: float, mode: str = "values",
                 y0: Tensor | None = None) -> Tensor:
     """Evaluate the relaxed network (see :class:`_Net`), in the dtype of ``x`` (float32 / float64).
 
     Args:
         net: the network on n wires.
         x: ``(B, n)`` scores, one per track.
-        beta, sigmoid, art_lambda: the relaxed swap (:mod:`diffrank.operators.sigmoids`).
+        beta, sigmoid, art_lambda: the relaxed swap (:mod:`diffrank.operators.sigmoids`); a tensor β that
+            requires grad runs :func:`reference_forward` (differentiable in β).
         mode: ``"values"`` → ``(B, n)`` track values; ``"full"`` → P ``(B, n, n)`` (rows = tracks);
             ``"rows"`` → ``y0 · P`` ``(B, m, n)`` for ``y0`` ``(1 or B, m, n)`` indexed by output track.
 
@@ -290,7 +351,9 @@ def run_network(net: Network, x: Tensor, beta: float, sigmoid: str, art_lambda: 
         if mode == "full":
             return torch.eye(n, dtype=x.dtype, device=x.device).repeat(B, 1, 1)
         return y0.expand(B, -1, -1).clone()
-    return _Net.apply(x, net, beta, sigmoid, art_lambda, mode, y0)
+    if isinstance(beta, Tensor):  # a learnable β: plain autograd ops give ∂/∂β
+        return reference_forward(net, x, beta, sigmoid, art_lambda, mode, y0)
+    return _Net.apply(x, net, beta, sigmoid, art_lambda, mode, y0)[0]
 
 
 def reference_forward(net: Network, x: Tensor, beta: float, sigmoid: str, art_lambda: float,
@@ -298,8 +361,9 @@ def reference_forward(net: Network, x: Tensor, beta: float, sigmoid: str, art_la
     """The same computation as :func:`run_network` in plain autograd ops (gathers and lerps per wire).
 
     Slower and heavier (every op is a graph node); kept as the executable definition the fused
-    implementation is tested against, including its gradients, and run by ``ComparatorNetwork(...,
-    twice_differentiable=True)``: autograd differentiates it twice (Hessian Newton losses, thesis Table 7.3).
+    implementation is tested against, including its gradients; run by ``ComparatorNetwork(...,
+    twice_differentiable=True)``, for a learnable β, and by the recorded backward of the fused paths
+    (:func:`differentiable_vjp`).
     """
     B, n = x.shape
     p = torch.eye(n, dtype=x.dtype, device=x.device).expand(B, n, n) if mode == "full" else None
@@ -346,8 +410,13 @@ class ComparatorNetwork(RankingOperator):
             the kernels) or ``"triton"`` (always, where the kernels apply: float32 work with n <= 4096; on the
             CPU only under ``TRITON_INTERPRET=1``). Same values and gradients up to float32 rounding.
         twice_differentiable: run the network in plain autograd ops (:func:`reference_forward`) instead of the
-            fused Function / kernels, so that autograd can take second derivatives (the Hessian Newton losses of
-            thesis Table 7.3); same values, O(L·B·n²) saved for full P and slower. Default False.
+            fused Function / kernels; same values, O(L·B·n²) saved for full P and slower. Every path gives exact
+            second derivatives (the fused backward is differentiable, :class:`_Net`), so this is only needed for
+            forward-mode AD (``torch.func.jvp`` / ``jacfwd``); the name is kept for the thesis Table 7.3 configs.
+            Default False.
+
+    A learnable β (``beta`` a 0-d tensor that requires grad; ``learnable_beta`` is True) runs the plain autograd
+    ops too: they give ∂/∂β.
 
     Capabilities: the sorting networks provide all four; the splitter network only ``"topk_membership"``:
     its rows depend on the k it was built for, so they are not the top rows of one relaxed permutation
@@ -368,12 +437,13 @@ class ComparatorNetwork(RankingOperator):
     """
 
     permutation_equivariant = False
+    learnable_beta = True
 
-    def __init__(self, beta: float = 10.0, sigmoid: str = "cauchy", art_lambda: float = 0.25,
+    def __init__(self, beta: float | Tensor = 10.0, sigmoid: str = "cauchy", art_lambda: float = 0.25,
                  network: str = "bitonic", backend: str = "auto", twice_differentiable: bool = False) -> None:
         super().__init__(beta)
         self.backend = check_backend(backend)
-        self.twice_differentiable = bool(twice_differentiable)
+        self.plain_autograd = bool(twice_differentiable)
         if network not in NETWORKS:
             raise ValueError(f"network must be one of {NETWORKS}, got {network!r}")
         self.sigmoid = check_sigmoid(sigmoid)
@@ -414,7 +484,7 @@ class ComparatorNetwork(RankingOperator):
         return supports(x.shape[1], x.dtype)
 
     def _run(self, net: Network, x: Tensor, mode: str, y0: Tensor | None = None) -> Tensor:
-        if self.twice_differentiable:  # the fused Function has no double backward
+        if self.plain_autograd or isinstance(self.beta, Tensor):
             return reference_forward(net, x, self.beta, self.sigmoid, self.art_lambda, mode, y0)
         if net.layers and self._kernel(x):
             from diffrank.kernels.networks import network_kernel
@@ -430,7 +500,7 @@ class ComparatorNetwork(RankingOperator):
         net = build(self.network, x.shape[1], k)
         w_out = w_out.to(device=x.device, dtype=x.dtype)
         perm = net.out_perm_tensor(x.device)
-        y = w_out if perm is None else torch.zeros_like(w_out).index_copy_(1, perm, w_out)
+        y = w_out if perm is None else torch.zeros_like(w_out).index_copy(1, perm, w_out)
         return self._run(net, x, "rows", y.unsqueeze(0))
 
     def _permutation(self, x: Tensor, k: int | None) -> Tensor:
@@ -446,8 +516,10 @@ class ComparatorNetwork(RankingOperator):
     def _topk_membership(self, x: Tensor, ks: list[int]) -> Tensor:
         """Σ_{r<k} P[r, j] for each k in one bidirectional pass from the indicator rows (Petersen et al.
         2022, Eq. 2 and 3), through the network built for max(ks)."""
-        # built on the device (the k's from a cached index): no host-to-device copy per call
-        w_out = torch.arange(x.shape[1], device=x.device).unsqueeze(0) <= self._rows_index(ks, x.device).unsqueeze(1)
+        # built on the device (the k's from a cached index): no host-to-device copy per call; the index is a cached
+        # constant, built outside torch.func transforms (networks.constant)
+        rows = constant(lambda: self._rows_index(ks, x.device))
+        w_out = torch.arange(x.shape[1], device=x.device).unsqueeze(0) <= rows.unsqueeze(1)
         return self._rows(x, max(ks), w_out)
 
     def _soft_sort(self, x: Tensor) -> Tensor:
@@ -464,4 +536,4 @@ class ComparatorNetwork(RankingOperator):
     def extra_repr(self) -> str:
         return (f"beta={self.beta}, sigmoid={self.sigmoid!r}, art_lambda={self.art_lambda}, "
                 f"network={self.network!r}, backend={self.backend!r}"
-                + (", twice_differentiable=True" if self.twice_differentiable else ""))
+                + (", twice_differentiable=True" if self.plain_autograd else ""))

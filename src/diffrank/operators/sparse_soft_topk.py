@@ -19,7 +19,11 @@ in x). Both are exactly sparse: items below a soft margin get an exact 0, items 
   Singleton blocks return their w_i (0 or 1) exactly.
 - **VJP** (paper §4.3): the isotonic Jacobian is block diagonal. Within a pooled block, with
   a_i = (q-1)(s_i - γ)^{q-2} (1 for p = 2, 3 y_i^{2/3} for p = 4/3),
-  ∂L/∂s_i = a_i (g_i - Σ_B a g / Σ_B a); singleton blocks (exact 0 / 1) pass no gradient. O(n).
+  ∂L/∂s_i = a_i (g_i - Σ_B a g / Σ_B a); singleton blocks (exact 0 / 1) pass no gradient. O(n), in torch ops
+  (scatter-adds over the blocks). With a written as a function of the mask, the VJP is differentiable again:
+  exact second derivatives for both p (for p = 2 the mask is piecewise linear, its curvature 0).
+- ``torch.func`` / ``torch.compile``: the numba PAV is a ``torch.library`` custom op (compile calls it instead of
+  tracing into numba), the Functions take no ``ctx`` and map under ``vmap`` by folding into the batch.
 - **Dykstra solver** (``solver="dykstra"``, p = 2 only; paper §4.2 "Dykstra", the GPU-friendly variant):
   Dykstra's alternating projections onto the odd-pair and the even-pair order constraints (each a pairwise
   average of violating neighbours), batched in torch in the input's compute dtype. Approximate: it stops
@@ -44,7 +48,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from diffrank.operators.base import TOPK_MEMBERSHIP, RankingOperator
+from diffrank.operators._vmap import fold_vmap
+from diffrank.operators.base import TOPK_MEMBERSHIP, RankingOperator, refuse_double_backward
 
 SOLVERS = ("pav", "dykstra")
 # |βx| above this is refused for p = 4/3: the block moments hold (βx)^3 summed over up to 1e6+ items
@@ -155,27 +160,6 @@ def _pav_topk(s, k, cubic, y, a, start):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _weighted_block_vjp(g, a, start, out):  # pragma: no cover - compiled
-    """out_i = a_i (g_i - Σ_B a g / Σ_B a) within each block B (0 where Σ_B a = 0)."""
-    B, n = g.shape
-    for b in range(B):
-        i = 0
-        while i < n:
-            s0 = start[b, i]
-            j = i
-            sa = 0.0
-            sag = 0.0
-            while j < n and start[b, j] == s0:
-                sa += a[b, j]
-                sag += a[b, j] * g[b, j]
-                j += 1
-            ratio = sag / sa if sa > 0.0 else 0.0
-            for m in range(i, j):
-                out[b, m] = a[b, m] * (g[b, m] - ratio)
-            i = j
-
-
-@numba.njit(cache=True, nogil=True)
 def _pav_topk_mag(z, k, cubic, lam, y, a, c, den, start):  # pragma: no cover - compiled
     """Decreasing PAV of the magnitude problem on every row of z = |x|/λ sorted descending, w = (1_k, 0):
     argmin_{u_1 >= … >= u_n} Σ (1/q)|z_i - u_i|^q + (λ/2) Σ w_i u_i² (Sander et al. 2023, §3.3, in z units).
@@ -264,29 +248,21 @@ def _depressed_root(P, Q):  # pragma: no cover - compiled
     return t * r
 
 
-@numba.njit(cache=True, nogil=True)
-def _mag_block_vjp(g, a, c, den, start, out):  # pragma: no cover - compiled
-    """out_j = c_j g_j - (a_j / den_B) Σ_B c g: the VJP of y_i = h(z_i - u_B(z)), ∂u/∂z_j = a_j / (Σ a + λ W);
-    a block with Σ a + λ W = 0 (tied zeros) moves u with its common z: ∂u/∂z_j = 1/|B|."""
-    B, n = g.shape
-    for b in range(B):
-        i = 0
-        while i < n:
-            s0 = start[b, i]
-            j = i
-            scg = 0.0
-            while j < n and start[b, j] == s0:
-                scg += c[b, j] * g[b, j]
-                j += 1
-            for m in range(i, j):
-                w = a[b, m] / den[b, m] if den[b, m] > 0.0 else 1.0 / (j - i)
-                out[b, m] = c[b, m] * g[b, m] - w * scg
-            i = j
+def _check_range(z: np.ndarray, cubic: bool) -> None:
+    """Raise unless the float64 solve can hold βx: finite, and |βx| <= 1e75 for p = 4/3 (its blocks hold cubes).
+    Inside the custom ops, where the values are on the host anyway (no read under vmap / compile)."""
+    zmax = float(np.abs(z).max()) if z.size else 0.0
+    if not math.isfinite(zmax) or (cubic and zmax > _MAX_Z_CUBIC):
+        raise ValueError(f"beta * |scores| = {zmax:.3g} is out of the range the p = {4 / 3 if cubic else 2:.4g} solve "
+                         f"holds (finite float64{', <= 1e75' if cubic else ''}); lower beta or rescale the scores")
 
 
-def _pav_sorted(s: Tensor, k: int, cubic: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """Run :func:`_pav_topk` on float64 CPU copies of the sorted ``s`` ``(B, n)``; tensors on ``s``'s device."""
+def _pav_host(s: Tensor, k: int, cubic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`_pav_topk` on float64 CPU copies of the sorted ``s`` ``(B, n)``: ``(y, a, start)`` on ``s``'s device
+    (float64, float64, int64). Under ``torch.compile`` it runs as the custom op :data:`_pav_op` (compile calls it
+    instead of tracing into numba); eagerly it is called directly (the dispatch of a custom op costs ~0.1 ms)."""
     sn = s.detach().to("cpu", torch.float64).contiguous().numpy()
+    _check_range(sn, cubic)
     y, a = np.empty_like(sn), np.empty_like(sn)
     start = np.empty(sn.shape, np.int64)
     _pav_topk(sn, int(k), bool(cubic), y, a, start)
@@ -294,29 +270,71 @@ def _pav_sorted(s: Tensor, k: int, cubic: bool) -> tuple[Tensor, Tensor, Tensor]
     return torch.from_numpy(y).to(dev), torch.from_numpy(a).to(dev), torch.from_numpy(start).to(dev)
 
 
-def _block_vjp(g: Tensor, a: Tensor, start: Tensor) -> Tensor:
-    """The block VJP of :func:`_weighted_block_vjp` on CPU float64 copies; result on ``g``'s device, float64."""
-    gn = g.detach().to("cpu", torch.float64).contiguous().numpy()
-    out = np.empty_like(gn)
-    _weighted_block_vjp(gn, a.cpu().numpy(), start.cpu().numpy(), out)
-    return torch.from_numpy(out).to(g.device)
+_pav_op = torch.library.custom_op("diffrank::sparse_topk_pav", mutates_args=())(_pav_host)
+
+
+@_pav_op.register_fake
+def _(s: Tensor, k: int, cubic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    f = torch.empty_like(s, dtype=torch.float64)
+    return f, torch.empty_like(f), torch.empty_like(s, dtype=torch.int64)
+
+
+def _block_vjp(gs: Tensor, a: Tensor, start: Tensor) -> Tensor:
+    """The isotonic block VJP in sorted order (Sander et al. 2023, §4.3): a_i (g_i - Σ_B a g / Σ_B a) within each block
+    B (``start``: each position's block start; 0 where Σ_B a = 0). Plain torch ops: differentiable in ``gs`` and
+    ``a``, vmappable, traceable."""
+    num = torch.zeros_like(gs).scatter_add(-1, start, a * gs)
+    den = torch.zeros_like(gs).scatter_add(-1, start, a)
+    ratio = (num / den.clamp_min(torch.finfo(den.dtype).tiny)).gather(-1, start)
+    return a * (gs - ratio)
+
+
+def _unsort(v: Tensor, perm: Tensor) -> Tensor:
+    """``v`` in sorted order back to the items' order (out-of-place, differentiable)."""
+    return torch.zeros_like(v).scatter(-1, perm, v)
 
 
 class _PAVMask(torch.autograd.Function):
-    """mask(z) for z = βx ``(B, n)`` by sort + PAV; backward by the block VJP. Returns float64."""
+    """mask(z) for z = βx ``(B, n)`` by sort + PAV; backward by the block VJP. Returns float64 (and, for the backward,
+    the sort permutation, the p = 2 weights and the block starts as non-differentiable outputs).
+
+    The backward is written in torch ops on the output: for p = 4/3 its weights a_i = 3 r_i² = 3 y_i^{2/3} are a
+    function of the mask y, so a recorded backward differentiates them through this Function again: second
+    derivatives are exact (for p = 2, a is piecewise constant and the mask piecewise linear). ``vmap`` folds the
+    mapped dimension into the batch (:func:`~diffrank.operators._vmap.fold_vmap`); the numba PAV is a custom op.
+    """
+
+    twice_differentiable = True  # read by diffrank.losses.newton
 
     @staticmethod
-    def forward(ctx, z: Tensor, k: int, cubic: bool) -> Tensor:
+    def forward(z: Tensor, k: int, cubic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         s, perm = torch.sort(z.double(), dim=-1, descending=True, stable=True)
-        y, a, start = _pav_sorted(s, k, cubic)
-        ctx.save_for_backward(perm, a, start)
-        return torch.empty_like(y).scatter_(-1, perm, y)
+        y, a, start = (_pav_op if torch.compiler.is_compiling() else _pav_host)(s, k, cubic)
+        return _unsort(y, perm), perm, a, start
 
     @staticmethod
-    def backward(ctx, g: Tensor):
-        perm, a, start = ctx.saved_tensors
-        gs = _block_vjp(g.double().gather(-1, perm), a, start)
-        return torch.empty_like(gs).scatter_(-1, perm, gs), None, None
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.set_materialize_grads(False)
+        ctx.cubic = inputs[2]
+        ctx.save_for_backward(*output)
+
+    @staticmethod
+    def vmap(info, in_dims, z, k, cubic):
+        return fold_vmap(info, in_dims, _PAVMask.apply, (z, k, cubic))
+
+    @staticmethod
+    def backward(ctx, g: Tensor | None, *_):
+        if g is None:
+            return None, None, None
+        mask, perm, a, start = ctx.saved_tensors
+        if ctx.cubic and torch.is_grad_enabled():
+            # recorded: a = 3 y^{2/3} on pooled blocks (a > 0 there), 0 on singletons, as a function of the mask (the
+            # same values as the saved a), so that the double backward differentiates it
+            ys = mask.gather(-1, perm)
+            pos = a > 0
+            a = torch.where(pos, 3 * torch.where(pos, ys, 1.0).pow(2.0 / 3.0), 0.0)
+        return _unsort(_block_vjp(g.double().gather(-1, perm), a, start), perm), None, None
 
 
 def _pair_project(v: Tensor, offset: int) -> Tensor:
@@ -366,15 +384,24 @@ def isotonic_dykstra(u: Tensor, max_iter: int, tolerance: float, check_every: in
 
 
 class _DykstraMask(torch.autograd.Function):
-    """mask(z) for p = 2 by sort + Dykstra; backward by the block-mean VJP on the iterate's blocks."""
+    """mask(z) for p = 2 by sort + Dykstra; backward by the block-mean VJP on the iterate's blocks (a piecewise
+    constant Jacobian: a recorded backward differentiates to the exact 0 curvature). Extra outputs as
+    :class:`_PAVMask`. A run that stops above the tolerance warns (here, where the iterations run on plain tensors:
+    no side channel out of a ``vmap`` / ``grad``)."""
+
+    twice_differentiable = True  # read by diffrank.losses.newton
 
     @staticmethod
-    def forward(ctx, z: Tensor, k: int, max_iter: int, tolerance: float, info: dict) -> Tensor:
+    def forward(z: Tensor, k: int, max_iter: int, tolerance: float) -> tuple[Tensor, ...]:
+        if not bool(torch.isfinite(z).all()):
+            raise ValueError(f"beta * scores overflow {z.dtype} (out of range); lower beta or rescale the scores")
         s, perm = torch.sort(z, dim=-1, descending=True, stable=True)
         w = torch.zeros_like(s)
         w[:, :k] = 1.0
         v, it, change = isotonic_dykstra(s - w, max_iter, tolerance)
-        info["iterations"], info["change"] = it, change
+        if change >= tolerance and max_iter > 0:
+            warnings.warn(f"sparse soft top-k (Dykstra): stopped after {it} iterations with change {change:.2e} >= "
+                          f"tolerance {tolerance:g}; raise max_iter", RuntimeWarning, stacklevel=2)
         y = s - v
         # y = s - v carries the rounding of numbers of the size of s (~ulp(max |s|)). Where y is within that of its
         # w, the item is an exact 0 / 1, as in the exact solution: y = w. Without this, once ulp(|βx|) > 1 (βx beyond
@@ -388,18 +415,24 @@ class _DykstraMask(torch.autograd.Function):
         start = torch.where(new, torch.arange(s.shape[-1], device=s.device).expand_as(s), 0).cummax(-1).values
         size = torch.zeros_like(s).scatter_add_(-1, start, torch.ones_like(s)).gather(-1, start)
         a = (size > 1).to(s.dtype)
-        ctx.save_for_backward(perm, a, start)
-        return torch.empty_like(y).scatter_(-1, perm, y)
+        return _unsort(y, perm), perm, a, start
 
     @staticmethod
-    def backward(ctx, g: Tensor):
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(*output[1:])
+
+    @staticmethod
+    def vmap(info, in_dims, z, k, max_iter, tolerance):
+        return fold_vmap(info, in_dims, _DykstraMask.apply, (z, k, max_iter, tolerance))
+
+    @staticmethod
+    def backward(ctx, g: Tensor | None, *_):
+        if g is None:
+            return None, None, None, None
         perm, a, start = ctx.saved_tensors
-        gs = g.gather(-1, perm) * a
-        sums = torch.zeros_like(gs).scatter_add_(-1, start, gs)
-        cnt = torch.zeros_like(gs).scatter_add_(-1, start, a)
-        mean = (sums / cnt.clamp_min(1)).gather(-1, start)
-        gz = a * (gs - mean)
-        return torch.empty_like(gz).scatter_(-1, perm, gz), None, None, None, None
+        return _unsort(_block_vjp(g.gather(-1, perm), a, start), perm), None, None, None
 
 
 def sparse_soft_topk_mask(x: Tensor, k: int, beta: float = 10.0, p: float = 4 / 3, solver: str = "pav",
@@ -427,46 +460,71 @@ def sparse_soft_topk_mask(x: Tensor, k: int, beta: float = 10.0, p: float = 4 / 
     if solver == "dykstra":
         if p != 2.0:
             raise ValueError("solver='dykstra' solves the p = 2 problem only; use solver='pav' for p = 4/3")
-        if not bool(torch.isfinite(z.detach()).all()):
-            raise ValueError(f"beta * scores overflow {z.dtype} (out of range); lower beta or rescale the scores")
-        info: dict = {}
-        out = _DykstraMask.apply(z, k, max_iter, tolerance, info)
-        if info["change"] >= tolerance and max_iter > 0:
-            warnings.warn(f"sparse soft top-k (Dykstra): stopped after {info['iterations']} iterations with change "
-                          f"{info['change']:.2e} >= tolerance {tolerance:g}; raise max_iter", RuntimeWarning,
-                          stacklevel=2)
-        return out
-    z = x.double() * beta
-    zmax = float(z.detach().abs().max()) if z.numel() else 0.0
-    if not math.isfinite(zmax) or (p != 2.0 and zmax > _MAX_Z_CUBIC):
-        raise ValueError(f"beta * |scores| = {zmax:.3g} is out of the range the p = {p:.4g} solve holds "
-                         f"(finite float64{', <= 1e75' if p != 2.0 else ''}); lower beta or rescale the scores")
-    return _PAVMask.apply(z, k, p != 2.0)
+        return _DykstraMask.apply(z, k, max_iter, tolerance)[0]
+    return _PAVMask.apply(x.double() * beta, k, p != 2.0)[0]
+
+
+def _pav_mag_host(zs: Tensor, k: int, cubic: bool, lam: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """:func:`_pav_topk_mag` on a float64 CPU copy of the sorted ``zs`` ``(B, n)``: ``(y, a, c, den, start)`` on its
+    device (float64; start int64). A custom op under ``torch.compile`` (as :func:`_pav_host`)."""
+    zn = zs.detach().to("cpu", torch.float64).contiguous().numpy()
+    _check_range(zn, cubic)
+    y, a, c, den = (np.empty_like(zn) for _ in range(4))
+    start = np.empty(zn.shape, np.int64)
+    _pav_topk_mag(zn, int(k), bool(cubic), float(lam), y, a, c, den, start)
+    return tuple(torch.from_numpy(t).to(zs.device) for t in (y, a, c, den, start))
+
+
+_pav_mag_op = torch.library.custom_op("diffrank::sparse_topk_pav_magnitude", mutates_args=())(_pav_mag_host)
+
+
+@_pav_mag_op.register_fake
+def _(zs: Tensor, k: int, cubic: bool, lam: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    f = torch.empty_like(zs, dtype=torch.float64)
+    return f, torch.empty_like(f), torch.empty_like(f), torch.empty_like(f), torch.empty_like(zs, dtype=torch.int64)
 
 
 class _PAVMagnitude(torch.autograd.Function):
-    """The magnitude y(z) for z = |x|/λ ``(B, n)`` by sort + PAV; backward by :func:`_mag_block_vjp`."""
+    """The magnitude y(z) for z = |x|/λ ``(B, n)`` by sort + PAV; backward block by block in torch ops:
+    out_j = c_j g_j - (a_j / den_B) Σ_B c g, ∂u/∂z_j = a_j / (Σ_B a + λ W); a block with den = 0 (tied zeros) moves
+    u with its common z (∂u/∂z_j = 1/|B|). For p = 2 the weights are constants (exact second derivatives, the
+    magnitude is piecewise linear); for p = 4/3 they depend on z through the block's root, which the backward does
+    not carry: its double backward raises :class:`~diffrank.operators.base.DoubleBackwardError`."""
+
+    twice_differentiable = False  # p = 4/3 refuses (read by diffrank.losses.newton)
 
     @staticmethod
-    def forward(ctx, z: Tensor, k: int, cubic: bool, lam: float) -> Tensor:
+    def forward(z: Tensor, k: int, cubic: bool, lam: float) -> tuple[Tensor, ...]:
         zs, perm = torch.sort(z.double(), dim=-1, descending=True, stable=True)
-        zn = zs.detach().cpu().contiguous().numpy()
-        y, a, c, den = (np.empty_like(zn) for _ in range(4))
-        start = np.empty(zn.shape, np.int64)
-        _pav_topk_mag(zn, int(k), bool(cubic), float(lam), y, a, c, den, start)
-        dev = z.device
-        ctx.save_for_backward(perm, *(torch.from_numpy(t) for t in (a, c, den, start)))
-        yt = torch.from_numpy(y).to(dev)
-        return torch.empty_like(yt).scatter_(-1, perm, yt)
+        y, a, c, den, start = (_pav_mag_op if torch.compiler.is_compiling() else _pav_mag_host)(zs, k, cubic, lam)
+        return _unsort(y, perm), perm, a, c, den, start
 
     @staticmethod
-    def backward(ctx, g: Tensor):
-        perm, a, c, den, start = ctx.saved_tensors
-        gs = g.double().gather(-1, perm).cpu().contiguous().numpy()
-        out = np.empty_like(gs)
-        _mag_block_vjp(gs, a.numpy(), c.numpy(), den.numpy(), start.numpy(), out)
-        gz = torch.from_numpy(out).to(g.device)
-        return torch.empty_like(gz).scatter_(-1, perm, gz), None, None, None
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.set_materialize_grads(False)
+        ctx.cubic = inputs[2]
+        ctx.save_for_backward(inputs[0], *output[1:])
+
+    @staticmethod
+    def vmap(info, in_dims, z, k, cubic, lam):
+        return fold_vmap(info, in_dims, _PAVMagnitude.apply, (z, k, cubic, lam))
+
+    @staticmethod
+    def backward(ctx, g: Tensor | None, *_):
+        if g is None:
+            return None, None, None, None
+        z, perm, a, c, den, start = ctx.saved_tensors
+        cg = c * g.double().gather(-1, perm)
+        scg = torch.zeros_like(cg).scatter_add(-1, start, cg).gather(-1, start)
+        size = torch.zeros_like(cg).scatter_add(-1, start, torch.ones_like(cg)).gather(-1, start)
+        w = torch.where(den > 0, a / torch.where(den > 0, den, 1.0), 1.0 / size)
+        gz = _unsort(cg - w * scg, perm)
+        if ctx.cubic:
+            # the weights depend on z but are saved as constants: tie gz to z (a zero term) so that differentiating it
+            # reaches the refusal instead of returning a silent 0 curvature
+            return refuse_double_backward((gz + 0 * z, None, None, None), "sparse_soft_topk_magnitude(p=4/3)", "p=2")
+        return gz, None, None, None
 
 
 def sparse_soft_topk_magnitude(x: Tensor, k: int, beta: float = 10.0, p: float = 4 / 3) -> Tensor:
@@ -495,12 +553,8 @@ def sparse_soft_topk_magnitude(x: Tensor, k: int, beta: float = 10.0, p: float =
         raise ValueError(f"k must satisfy 1 <= k <= n = {n}, got k = {k}")
     lam = 1.0 / float(beta)
     z = x.double().abs() / lam
-    zmax = float(z.detach().abs().max()) if z.numel() else 0.0
-    if not math.isfinite(zmax) or (p != 2.0 and zmax > _MAX_Z_CUBIC):
-        raise ValueError(f"beta * |scores| = {zmax:.3g} is out of the range the p = {p:.4g} solve holds "
-                         f"(finite float64{', <= 1e75' if p != 2.0 else ''}); lower beta or rescale the scores")
     # y = r^{q-1} + λ r with r = (s - v)/λ is already in score units; autograd chains |x|/λ and the sign
-    return torch.sign(x.detach()).double() * _PAVMagnitude.apply(z, int(k), p != 2.0, lam)
+    return torch.sign(x.detach()).double() * _PAVMagnitude.apply(z, int(k), p != 2.0, lam)[0]
 
 
 class SparseSoftTopK(RankingOperator):
@@ -512,7 +566,7 @@ class SparseSoftTopK(RankingOperator):
     float64 (PAV) or the compute dtype (Dykstra); cast back to the input dtype.
 
     Args:
-        beta: β = 1/λ > 0.
+        beta: β = 1/λ > 0; a 0-d tensor that requires grad is learnable (``learnable_beta``).
         p: 2 (projection onto the capped simplex) or 4/3 (the paper's default, C¹).
         solver: ``"pav"`` (exact, CPU numba) or ``"dykstra"`` (p = 2; batched torch, approximate).
         max_iter: Dykstra's iteration cap (paper's code: 500).
@@ -525,9 +579,10 @@ class SparseSoftTopK(RankingOperator):
 
     capabilities = frozenset({TOPK_MEMBERSHIP})
     permutation_equivariant = True
+    learnable_beta = True  # z = βx enters the solve as a tensor: autograd gives ∂/∂β = Σ x ∂/∂z
     hard_beta = 4.0  # exact 0 / 1 once β × (gap around the k-th score) >= 1 (both p)
 
-    def __init__(self, beta: float = 10.0, p: float = 4 / 3, solver: str = "pav", max_iter: int = 500,
+    def __init__(self, beta: float | Tensor = 10.0, p: float = 4 / 3, solver: str = "pav", max_iter: int = 500,
                  tolerance: float = 1e-9) -> None:
         super().__init__(beta)
         self.p = _check_p(p)

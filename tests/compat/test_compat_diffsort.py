@@ -1,0 +1,61 @@
+"""diffrank.compat.diffsort: diffsort's README example gives diffsort's numbers, P in diffsort's orientation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from diffrank.compat.diffsort import DEFAULTS, DiffSortNet
+
+
+def _readme_vectors() -> torch.Tensor:
+    # diffsort's README, "Usage" (a fixed seed for the random permutation)
+    torch.manual_seed(0)
+    vector_length = 2 ** 4
+    vectors = torch.randperm(vector_length, dtype=torch.float32, device="cpu", requires_grad=True).view(1, -1)
+    return vectors - 5.0
+
+
+def test_readme_example_equals_diffsort():
+    diffsort = pytest.importorskip("diffsort")
+    vectors = _readme_vectors()
+    ours, p_ours = DiffSortNet("bitonic", 16, steepness=5)(vectors)
+    ref, p_ref = diffsort.DiffSortNet("bitonic", 16, steepness=5)(vectors)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(p_ours, p_ref, atol=1e-6, rtol=0)
+    (g_ours,) = torch.autograd.grad((ours * torch.arange(16.0)).sum(), vectors)
+    (g_ref,) = torch.autograd.grad((ref * torch.arange(16.0)).sum(), vectors)
+    torch.testing.assert_close(g_ours, g_ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("network,n", [("odd_even", 5), ("odd_even", 9), ("bitonic", 8)])
+@pytest.mark.parametrize("distribution", ["cauchy", "logistic_phi", "optimal"])
+def test_defaults_and_orientation_equal_diffsort(network, n, distribution):
+    diffsort = pytest.importorskip("diffsort")
+    x = torch.randn(3, n, dtype=torch.float64, generator=torch.Generator().manual_seed(n))
+    ours, p_ours = DiffSortNet(network, n, distribution=distribution)(x)
+    ref, p_ref = diffsort.DiffSortNet(network, n, distribution=distribution)(x)
+    # 'optimal' differs by the reference's +1e-10 in 1/(16(|v| + 1e-10))
+    torch.testing.assert_close(p_ours, p_ref, atol=1e-8, rtol=0)
+    torch.testing.assert_close(ours, ref, atol=1e-8, rtol=0)
+
+
+def test_x_at_p_is_the_ascending_soft_sort():
+    x = torch.randn(4, 7, dtype=torch.float64)
+    values, p = DiffSortNet("odd_even", 7)(x)
+    torch.testing.assert_close(torch.einsum("bi,bij->bj", x, p), values)
+    torch.testing.assert_close(x[:1] @ p[0], values[:1])  # the README's x @ P for one set
+    assert (values.diff(dim=1) >= 0).all()
+    assert DEFAULTS == {"steepness": 10.0, "art_lambda": 0.25, "distribution": "cauchy"}
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="sorting_network_type"):
+        DiffSortNet("merge", 4)
+    with pytest.raises(ValueError, match="two different distributions"):
+        DiffSortNet("odd_even", 4, interpolation_type="logistic", distribution="optimal")
+    assert DiffSortNet("odd_even", 4, interpolation_type="logistic").distribution == "logistic"
+    with pytest.raises(ValueError, match=r"shape \(B, 4\)"):
+        DiffSortNet("odd_even", 4)(torch.randn(2, 5))
+    with pytest.raises(ValueError, match="unknown sigmoid"):
+        DiffSortNet("odd_even", 4, distribution="softmax")
