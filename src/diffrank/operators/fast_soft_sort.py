@@ -29,214 +29,144 @@ copied to the host and back).
 
 from __future__ import annotations
 
-import numba
-import numpy as np
 import torch
 from torch import Tensor
 
+from diffrank.operators import fast_soft_sort_cpu as _cpu
 from diffrank.operators.base import SOFT_RANK, SOFT_SORT, RankingOperator
 
 REGULARIZATIONS = ("l2", "kl")
 
 
-@numba.njit(cache=True, nogil=True)
-def _pav(y, wp, kl, weight_from_y, v, wts, start):  # pragma: no cover - compiled
-    """Decreasing isotonic regression of every row (Blondel et al. 2020, Alg. PAV).
+def _project_impl(z: Tensor, w: Tensor, kl: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(μ, order, block) of :class:`_Projection` through the CPU kernel (CUDA inputs go to the host and back)."""
+    s, order = torch.sort(z.detach(), dim=-1, descending=True)
+    dev = z.device
+    if dev.type != "cpu":
+        s, order = s.cpu(), order.cpu()
+    w = w.detach().to("cpu").contiguous()
+    mu = torch.empty_like(s)
+    bid = torch.empty_like(order)
+    _cpu.kernel("project_fwd", s.dtype)(s.numpy(), w.numpy(), order.numpy(), kl, mu.numpy(), bid.numpy())
+    if dev.type != "cpu":
+        return mu.to(dev), order.to(dev), bid.to(dev)
+    return mu, order, bid
 
-    l2 (``kl`` False): block value = mean(y_B); weight = 1/|B|.
-    kl: block value = LSE(y_B) - LSE(wp_B); weight = softmax over the block of y (``weight_from_y``) or wp.
-    Writes the solution ``v``, the Jacobian row weights ``wts`` and each position's block ``start``.
+
+@torch.library.custom_op("diffrank::fast_soft_sort_project", mutates_args=())
+def _project_op(z: Tensor, w: Tensor, kl: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`_project_impl` as an operator that ``torch.compile`` does not trace into (numba / the compiled
+    module are opaque to dynamo; tracing numba's dispatcher crashed it)."""
+    return _project_impl(z, w, kl)
+
+
+@_project_op.register_fake
+def _(z: Tensor, w: Tensor, kl: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return torch.empty_like(z), torch.empty(z.shape, dtype=torch.int64, device=z.device), \
+        torch.empty(z.shape, dtype=torch.int64, device=z.device)
+
+
+def _block_softmax(x: Tensor, bid: Tensor) -> Tensor:
+    """softmax of ``x`` (B, n) over each block (``bid``: the block of each position), in differentiable ops."""
+    top = torch.full_like(x, float("-inf")).scatter_reduce(-1, bid, x.detach(), "amax")
+    e = (x - top.gather(-1, bid)).exp()
+    return e / torch.zeros_like(e).scatter_add(-1, bid, e).gather(-1, bid)
+
+
+def _vjp_ops(g: Tensor, z: Tensor | None, w: Tensor, order: Tensor, bid: Tensor, kl: bool,
+             need_w: bool) -> tuple[Tensor, Tensor | None]:
+    """The VJP of :func:`_cpu.project_bwd` in differentiable tensor operations: what double backward, torch.func
+    transforms and torch.compile differentiate (for kl the block softmax depends on z and w)."""
+    gs = g.gather(-1, order)
+    tot = torch.zeros_like(gs).scatter_add(-1, bid, gs).gather(-1, bid)
+    if kl:
+        p = _block_softmax(z.gather(-1, order), bid)
+        q = _block_softmax(w.expand_as(gs), bid) if need_w else None
+    else:
+        p = q = 1 / torch.zeros_like(gs).scatter_add(-1, bid, torch.ones_like(gs)).gather(-1, bid)
+    gz = torch.zeros_like(gs).scatter(-1, order, gs - p * tot)
+    return gz, (q * tot if need_w else None)
+
+
+def _plain(*tensors: Tensor) -> bool:
+    """Whether the kernel may run the backward: plain CPU tensors, no graph to record (no double backward, no
+    torch.func transform, not compiling)."""
+    return not torch.is_grad_enabled() and not torch.compiler.is_compiling() and all(
+        type(t) is Tensor and t.is_cpu and not torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
+
+
+class _Projection(torch.autograd.Function):
+    """μ = P(z, w): the projection of z (B, n) onto the permutahedron of w (1 or B, n; sorted descending), l2 (P_Q)
+    or kl (P_E, in log space) (Blondel et al. 2020, Prop. 3 and §5), differentiable in both z and w.
+
+    Returns (μ (B, n), order, block) with the last two int64 and non-differentiable (saved for the backward).
+    The backward is the kernel's on plain tensors, else :func:`_vjp_ops` (exact second derivatives: zero a.e.
+    for l2, whose Jacobian is piecewise constant; the block softmax's for kl).
     """
-    B, n = y.shape
-    bstart = np.empty(n + 1, np.int64)
-    acc1 = np.empty(n, y.dtype)  # l2: sum of y; kl: LSE(y_B)
-    acc2 = np.empty(n, y.dtype)  # l2: count; kl: LSE(wp_B)
-    for b in range(B):
-        nb = 0
-        for i in range(n):
-            bstart[nb] = i
-            if kl:
-                acc1[nb] = y[b, i]
-                acc2[nb] = wp[b, i]
-            else:
-                acc1[nb] = y[b, i]
-                acc2[nb] = 1.0
-            nb += 1
-            while nb > 1:
-                p, q = nb - 2, nb - 1
-                if kl:
-                    violated = acc1[p] - acc2[p] < acc1[q] - acc2[q]
-                else:
-                    violated = acc1[p] * acc2[q] < acc1[q] * acc2[p]
-                if not violated:
-                    break
-                if kl:
-                    m = max(acc1[p], acc1[q])
-                    acc1[p] = m + np.log(np.exp(acc1[p] - m) + np.exp(acc1[q] - m))
-                    m = max(acc2[p], acc2[q])
-                    acc2[p] = m + np.log(np.exp(acc2[p] - m) + np.exp(acc2[q] - m))
-                else:
-                    acc1[p] += acc1[q]
-                    acc2[p] += acc2[q]
-                nb -= 1
-        bstart[nb] = n
-        for j in range(nb):
-            if kl:
-                val = acc1[j] - acc2[j]
-            else:
-                val = acc1[j] / acc2[j]
-            for i in range(bstart[j], bstart[j + 1]):
-                v[b, i] = val
-                start[b, i] = bstart[j]
-                if not kl:
-                    wts[b, i] = 1.0 / acc2[j]
-                elif weight_from_y:
-                    wts[b, i] = np.exp(y[b, i] - acc1[j])
-                else:
-                    wts[b, i] = np.exp(wp[b, i] - acc2[j])
 
+    @staticmethod
+    def forward(z: Tensor, w: Tensor, kl: bool) -> tuple[Tensor, Tensor, Tensor]:
+        return _project_op(z, w, kl) if torch.compiler.is_compiling() else _project_impl(z, w, kl)
 
-@numba.njit(cache=True, nogil=True)
-def _block_vjp(g, wts, start, out):  # pragma: no cover - compiled
-    """out_j = wts_j · Σ_{i ∈ block(j)} g_i: Jᵀg for the block-diagonal isotonic Jacobian."""
-    B, n = g.shape
-    for b in range(B):
-        i = 0
-        while i < n:
-            s = start[b, i]
-            j = i
-            tot = 0.0
-            while j < n and start[b, j] == s:
-                tot += g[b, j]
-                j += 1
-            for m in range(i, j):
-                out[b, m] = wts[b, m] * tot
-            i = j
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        z, w, kl = inputs
+        _, order, bid = output
+        ctx.mark_non_differentiable(order, bid)
+        ctx.save_for_backward(z if kl else None, w, order, bid)
+        ctx.kl = kl
 
+    @staticmethod
+    def backward(ctx, g: Tensor, _g_order, _g_bid):
+        z, w, order, bid = ctx.saved_tensors
+        need_z, need_w = ctx.needs_input_grad[:2]
+        if _plain(g, w):
+            g = g.contiguous()
+            gz = torch.empty_like(g)
+            gw = torch.empty_like(g) if need_w else gz
+            zz = g if z is None else z.detach().contiguous()
+            _cpu.kernel("project_bwd", g.dtype)(g.numpy(), zz.numpy(), w.detach().contiguous().numpy(),
+                                                order.numpy(), bid.numpy(), ctx.kl, need_w, gz.numpy(), gw.numpy())
+            gw = gw if need_w else None
+        else:
+            gz, gw = _vjp_ops(g, z, w, order, bid, ctx.kl, need_w)
+        if gw is not None and w.shape[0] != gw.shape[0]:
+            gw = gw.sum(0, keepdim=True)
+        return (gz if need_z else None), gw, None
 
-def _isotonic(y: Tensor, wp: Tensor | None, regularization: str, weight_from_y: bool):
-    """Run PAV on CPU numpy views; returns (v, wts, start) as tensors on y's device."""
-    yn = y.detach().cpu().contiguous().numpy()
-    wn = yn if wp is None else wp.detach().cpu().contiguous().numpy()
-    v = np.empty_like(yn)
-    wts = np.empty_like(yn)
-    start = np.empty(yn.shape, np.int64)
-    _pav(yn, wn, regularization == "kl", weight_from_y, v, wts, start)
-    dev = y.device
-    return torch.from_numpy(v).to(dev), torch.from_numpy(wts).to(dev), torch.from_numpy(start).to(dev)
-
-
-def _jt(g: Tensor, wts: Tensor, start: Tensor) -> Tensor:
-    gn = g.detach().cpu().contiguous().numpy().astype(wts.cpu().numpy().dtype, copy=False)
-    out = np.empty_like(gn)
-    _block_vjp(gn, wts.cpu().numpy(), start.cpu().numpy(), out)
-    return torch.from_numpy(out).to(g.device)
-
-
-@numba.njit(cache=True, nogil=True)
-def _block_relative_nb(x, start, kl, out):  # pragma: no cover - compiled
-    """out_i = x_i minus the mean (l2) or LSE (kl) of its block, every term taken relative to the block's first
-    entry; see :func:`_block_relative`."""
-    B, n = x.shape
-    for b in range(B):
-        i = 0
-        while i < n:
-            j = i
-            while j < n and start[b, j] == start[b, i]:
-                j += 1
-            x0 = x[b, i]
-            if kl:
-                top = 0.0
-                for m in range(i, j):
-                    top = max(top, x[b, m] - x0)
-                tot = 0.0
-                for m in range(i, j):
-                    tot += np.exp(x[b, m] - x0 - top)
-                centre = top + np.log(tot)
-            else:
-                tot = 0.0
-                for m in range(i, j):
-                    tot += x[b, m] - x0
-                centre = tot / (j - i)
-            for m in range(i, j):
-                out[b, m] = (x[b, m] - x0) - centre
-            i = j
-
-
-def _block_relative(x: Tensor, start: Tensor, regularization: str) -> Tensor:
-    """x minus its block's mean (l2) or LSE (kl), computed relative to the block's first entry.
-
-    ``x - v`` with ``v`` the isotonic solution cancels catastrophically once |x| is large next to the ranks
-    (|s| >= 1e10 gave ranks such as [0, 0, 0, 4, 0, 0]); entries of one block share a block start
-    (``start``), so subtracting the first entry first makes a singleton block exactly 0.
-    """
-    xn = x.detach().cpu().contiguous().numpy()
-    out = np.empty_like(xn)
-    _block_relative_nb(xn, start.cpu().numpy(), regularization == "kl", out)
-    return torch.from_numpy(out).to(x.device)
+    @staticmethod
+    def vmap(info, in_dims, z: Tensor, w: Tensor, kl: bool):
+        """Fold the vmapped dimension into the batch: (V, B, n) -> (V·B, n)."""
+        V = info.batch_size
+        zd, wd = in_dims[0], in_dims[1]
+        z = z.movedim(zd, 0) if zd is not None else z.expand(V, *z.shape)
+        B, n = z.shape[1], z.shape[2]
+        if wd is None and w.shape[0] == 1:
+            wf = w
+        else:
+            w = w.movedim(wd, 0) if wd is not None else w.expand(V, *w.shape)
+            wf = w.expand(V, B, n).reshape(V * B, n)
+        out = _Projection.apply(z.reshape(V * B, n), wf, kl)
+        return tuple(o.reshape(V, B, n) for o in out), (0, 0, 0)
 
 
 def _rho(n: int, like: Tensor) -> Tensor:
-    return torch.arange(n, 0, -1, dtype=like.dtype, device=like.device).expand(like.shape[0], n)
-
-
-class _SoftRank(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, theta: Tensor, eps: float, regularization: str) -> Tensor:
-        z = -theta / eps
-        s, order = z.sort(dim=-1, descending=True)
-        rho = _rho(theta.shape[-1], theta)
-        w = rho if regularization == "l2" else rho.log()
-        _, wts, start = _isotonic(s - rho if regularization == "l2" else s, None if regularization == "l2" else w,
-                                  regularization, True)
-        # s - v = (s - block mean / LSE of s) + block mean / LSE of w, without the cancellation of s - v
-        mu_sorted = _block_relative(s, start, regularization) - _block_relative(w, start, regularization) + w
-        mu = torch.empty_like(s).scatter_(-1, order, mu_sorted)
-        out = mu if regularization == "l2" else mu.exp()
-        ctx.eps, ctx.reg = eps, regularization
-        ctx.save_for_backward(order, wts, start, out)
-        return out
-
-    @staticmethod
-    def backward(ctx, g: Tensor):
-        order, wts, start, out = ctx.saved_tensors
-        if ctx.reg == "kl":
-            g = g * out
-        gs = g.gather(-1, order)
-        gz_sorted = gs - _jt(gs, wts, start)
-        gz = torch.empty_like(gz_sorted).scatter_(-1, order, gz_sorted)
-        return -gz / ctx.eps, None, None
-
-
-class _SoftSort(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, theta: Tensor, eps: float, regularization: str) -> Tensor:
-        s, order = theta.sort(dim=-1, descending=True)
-        w = _rho(theta.shape[-1], theta) / eps
-        if regularization == "l2":
-            _, wts, start = _isotonic(w - s, None, "l2", True)
-        else:
-            _, wts, start = _isotonic(w, s, "kl", False)
-        ctx.save_for_backward(order, wts, start)
-        # w - v = (w - block mean / LSE of w) + block mean / LSE of s (see _block_relative)
-        return _block_relative(w, start, regularization) - _block_relative(s, start, regularization) + s
-
-    @staticmethod
-    def backward(ctx, g: Tensor):
-        order, wts, start = ctx.saved_tensors
-        gs = _jt(g, wts, start)
-        return torch.empty_like(gs).scatter_(-1, order, gs), None, None
+    """ρ = (n, n-1, ..., 1) as a (1, n) row of ``like``'s dtype and device."""
+    return torch.arange(n, 0, -1, dtype=like.dtype, device=like.device).unsqueeze(0)
 
 
 class FastSoftSort(RankingOperator):
     """Blondel et al. (2020) soft sort / soft rank as a ranking operator (no P, no top-k membership).
 
     Args:
-        beta: inverse temperature; ``regularization_strength`` ε = 1/β.
+        beta: inverse temperature β = 1/ε, ε torchsort's ``regularization_strength``; a float, or a 0-d tensor that
+            requires grad (a learnable β: ∂/∂β by autograd through the scaling, see the methods).
         regularization: ``"l2"`` (quadratic, P_Q) or ``"kl"`` (entropic, P_E).
 
     Shapes: ``soft_rank(scores (B, n))`` / ``soft_sort(scores (B, n))`` → ``(B, n)``. ``forward`` and
-    ``topk_membership`` raise (these operators give values, not probabilities).
+    ``topk_membership`` raise (these operators give values, not probabilities). Exact second derivatives (both
+    regularizations); ``torch.func`` (``grad``, ``jacrev``, ``vmap``) and ``torch.compile`` (the kernel is the
+    operator ``torch.ops.diffrank.fast_soft_sort_project``) work.
 
     Raises:
         ValueError: beta <= 0, unknown regularization; ``forward`` / ``topk_membership`` always.
@@ -245,13 +175,14 @@ class FastSoftSort(RankingOperator):
     capabilities = frozenset({SOFT_SORT, SOFT_RANK})
     permutation_equivariant = True
     hard_beta = 100.0
+    learnable_beta = True
 
-    def __init__(self, beta: float = 1.0, regularization: str = "l2") -> None:
+    def __init__(self, beta: float | Tensor = 1.0, regularization: str = "l2") -> None:
         super().__init__(beta)
         if regularization not in REGULARIZATIONS:
             raise ValueError(f"regularization must be one of {REGULARIZATIONS}, got {regularization!r}")
         self.regularization = regularization
-        self.regularization_strength = 1.0 / self.beta
+        self.regularization_strength = 1.0 / float(self.beta)
 
     @classmethod
     def with_strength(cls, regularization_strength: float, regularization: str = "l2") -> FastSoftSort:
@@ -267,14 +198,21 @@ class FastSoftSort(RankingOperator):
         return op
 
     def _soft_rank(self, scores: Tensor) -> Tensor:
-        """Soft ranks, 1 = largest (paper §5 "soft ranking"): r = P_Q(-θ/ε, ρ) (l2) or exp P_E(-θ/ε, log ρ) (kl),
-        ``torchsort.soft_rank(-θ)``; Σ r = n(n+1)/2 exactly for l2."""
-        return _SoftRank.apply(scores, self.regularization_strength, self.regularization)
+        """Soft ranks, 1 = largest (paper §5 "soft ranking"): r = P_Q(-βθ, ρ) (l2) or exp P_E(-βθ, log ρ) (kl),
+        ``torchsort.soft_rank(-θ)``; Σ r = n(n+1)/2 exactly for l2. β scales the input (torchsort's
+        ``tensor * (1/ε)``), so a learnable β gets its gradient by autograd."""
+        rho = _rho(scores.shape[-1], scores)
+        kl = self.regularization == "kl"
+        mu = _Projection.apply(scores * -self.beta, rho.log() if kl else rho, kl)[0]
+        return mu.exp() if kl else mu
 
     def _soft_sort(self, scores: Tensor) -> Tensor:
-        """Soft sort, descending (paper §5 "soft sorting"): P_Q(ρ/ε, θ) (l2; Σ = Σ θ exactly) or its kl form,
-        ``-torchsort.soft_sort(-θ)``."""
-        return _SoftSort.apply(scores, self.regularization_strength, self.regularization)
+        """Soft sort, descending (paper §5 "soft sorting"): P(ρ/ε, sort(θ)) (l2: Σ = Σ θ exactly; kl: Σ e^out =
+        Σ e^θ), ``-torchsort.soft_sort(-θ)``; a learnable β enters as ρβ."""
+        rho = _rho(scores.shape[-1], scores)
+        z = rho * self.beta if isinstance(self.beta, Tensor) else rho / self.regularization_strength
+        s = scores.sort(dim=-1, descending=True).values
+        return _Projection.apply(z.expand_as(s), s, self.regularization == "kl")[0]
 
     def extra_repr(self) -> str:
         return f"beta={self.beta}, regularization={self.regularization!r}"

@@ -1,0 +1,296 @@
+"""The CPU kernels of fast soft sort / rank (Blondel et al. 2020, §3-§5): the projection onto the permutahedron
+by pool adjacent violators (PAV) and its vector-Jacobian product, one call each for the whole batch.
+
+For each row, with σ sorting z descending, s = z_σ and w sorted descending (paper Prop. 3):
+
+- ``l2`` (P_Q): v = argmin_{v_1 >= ... >= v_n} ½‖v - (s - w)‖², block value mean(s_B) - mean(w_B);
+- ``kl`` (P_E): v = argmin_{v_1 >= ... >= v_n} ⟨e^{s - v}, 1⟩ + ⟨e^w, v⟩, block value LSE(s_B) - LSE(w_B);
+
+and the projection is μ = s - v, written back in z's order. The Jacobian of v is block diagonal (paper
+Lemma 2, §5): within a block, ∂v/∂s has every row equal to 1/|B| (l2) or softmax(s_B) (kl), and ∂v/∂w to
+-1/|B| or -softmax(w_B).
+
+**Kinks and ties** (the convention of the authors' code, google-research/fast-soft-sort, and of torchsort):
+adjacent blocks whose values are equal are pooled (a violation is ``v_prev <= v_next``, not ``<``), and the
+Jacobian's blocks are the runs of the solution whose adjacent values differ by at most ``TOL`` = 1e-9, the
+authors' ``_partition`` tolerance. At a kink (two blocks with equal values: integer-spaced scores at ε = 1,
+ties) the projection has no derivative; this picks the one-sided Jacobian of the pooled block, so that e.g.
+torchsort's README Spearman example gets a non-zero gradient.
+
+Two ways to run the same kernels (``python -m diffrank.operators.fast_soft_sort_cpu --build`` builds the first):
+
+- **compiled ahead** (numba's ``pycc``) into a plain extension module in ``$DIFFRANK_CACHE_DIR/aot`` (default
+  ``~/.cache/diffrank/aot``), keyed by this file's hash and the Python / numba / numpy / platform versions. It
+  imports without numba: a fresh process's first call costs milliseconds, where numba's cached JIT still spends
+  about a second in ``import numba`` and in loading its typing registries. Built on first use when missing
+  (seconds, once per machine; it needs a C compiler); ``DIFFRANK_FSS_AOT=0`` disables it.
+- otherwise **numba's JIT** with ``cache=True`` (numba itself falls back to its user-wide cache directory when
+  the package folder is read-only; ``NUMBA_CACHE_DIR`` overrides it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import math
+import os
+import sys
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+
+TOL = 1e-9  # the authors' partition tolerance (fast_soft_sort.numpy_ops._partition; torchsort's partition())
+
+
+def project_fwd(s, w, order, kl, mu, bid):  # pragma: no cover - compiled
+    """Projection of every row: ``mu[b, order[b, i]] = s[b, i] - v[b, i]``; ``bid[b, i]`` = the Jacobian block
+    (0, 1, ...) of sorted position i.
+
+    ``s`` (B, n) sorted descending; ``w`` (1 or B, n) sorted descending; ``order`` (B, n) int64 with
+    ``s[b, i] = z[b, order[b, i]]``; ``kl`` the regularization. ``mu`` (B, n) and ``bid`` (B, n) int64 are written.
+    """
+    B, n = s.shape
+    shared_w = w.shape[0] == 1
+    bstart = np.empty(n + 1, np.int64)
+    acc1 = np.empty(n, np.float64)  # l2: Σ (s - w) of the block; kl: LSE(s_B)
+    acc2 = np.empty(n, np.float64)  # l2: |B|; kl: LSE(w_B)
+    for b in range(B):
+        wb = 0 if shared_w else b
+        nb = 0
+        for i in range(n):
+            if kl:
+                a1 = float(s[b, i])
+                a2 = float(w[wb, i])
+            else:
+                a1 = float(s[b, i]) - float(w[wb, i])
+                a2 = 1.0
+            st = i
+            while nb > 0:
+                p = nb - 1
+                # pool while the previous block's value is <= this one's: equal values pool too (the convention)
+                if kl:
+                    if acc1[p] - acc2[p] > a1 - a2:
+                        break
+                    hi = max(acc1[p], a1)
+                    a1 = hi + math.log(math.exp(acc1[p] - hi) + math.exp(a1 - hi))
+                    hi = max(acc2[p], a2)
+                    a2 = hi + math.log(math.exp(acc2[p] - hi) + math.exp(a2 - hi))
+                else:
+                    if acc1[p] * a2 > a1 * acc2[p]:
+                        break
+                    a1 += acc1[p]
+                    a2 += acc2[p]
+                st = bstart[p]
+                nb -= 1
+            bstart[nb] = st
+            acc1[nb] = a1
+            acc2[nb] = a2
+            nb += 1
+        bstart[nb] = n
+        # the Jacobian's blocks: runs of PAV blocks whose adjacent values differ by <= TOL (the authors' partition)
+        nf = 0
+        j = 0
+        while j < nb:
+            prev = acc1[j] - acc2[j] if kl else acc1[j] / acc2[j]
+            k = j + 1
+            while k < nb:
+                val = acc1[k] - acc2[k] if kl else acc1[k] / acc2[k]
+                if abs(val - prev) > TOL:
+                    break
+                prev = val
+                k += 1
+            a, e = bstart[j], bstart[k]
+            if e - a == 1:  # a singleton's value is w exactly (integer ranks stay integers)
+                mu[b, order[b, a]] = w[wb, a]
+                bid[b, a] = nf
+            else:
+                # μ = s - mean / LSE(s_B) + mean / LSE(w_B), each taken relative to the block's first entry: s - v
+                # cancels catastrophically once |s| is large next to w (|s| >= 1e10 gave ranks [0, 0, 0, 4, 0, 0])
+                s0 = float(s[b, a])
+                w0 = float(w[wb, a])
+                if kl:
+                    ms = 0.0
+                    mw = 0.0
+                    for m in range(a, e):
+                        ms = max(ms, s[b, m] - s0)
+                        mw = max(mw, w[wb, m] - w0)
+                    ts = 0.0
+                    tw = 0.0
+                    for m in range(a, e):
+                        ts += math.exp(s[b, m] - s0 - ms)
+                        tw += math.exp(w[wb, m] - w0 - mw)
+                    cs = ms + math.log(ts)
+                    cw = mw + math.log(tw)
+                else:
+                    cs = 0.0
+                    cw = 0.0
+                    for m in range(a, e):
+                        cs += s[b, m] - s0
+                        cw += w[wb, m] - w0
+                    cs /= e - a
+                    cw /= e - a
+                for m in range(a, e):
+                    mu[b, order[b, m]] = ((s[b, m] - s0) - cs) - ((w[wb, m] - w0) - cw) + w[wb, m]
+                    bid[b, m] = nf
+            nf += 1
+            j = k
+
+
+def project_bwd(g, z, w, order, bid, kl, need_w, gz, gw):  # pragma: no cover - compiled
+    """VJP of :func:`project_fwd` for a cotangent ``g`` (B, n) in z's order: ``gz`` (B, n, z's order) and, if
+    ``need_w``, ``gw`` (B, n, sorted order; the caller sums it over B for a shared w).
+
+    Per block B with T = Σ_{i ∈ B} g_i: gz_i = g_i - p_i T and gw_i = q_i T, p = q = 1/|B| (l2) or
+    p = softmax(s_B), q = softmax(w_B) (kl); ``z`` (B, n) is read only for kl (s = z[order]).
+    """
+    B, n = g.shape
+    shared_w = w.shape[0] == 1
+    for b in range(B):
+        wb = 0 if shared_w else b
+        a = 0
+        while a < n:
+            e = a + 1
+            while e < n and bid[b, e] == bid[b, a]:
+                e += 1
+            tot = 0.0
+            for m in range(a, e):
+                tot += g[b, order[b, m]]
+            if e - a == 1:  # p = q = 1
+                gz[b, order[b, a]] = 0.0
+                if need_w:
+                    gw[b, a] = tot
+            elif not kl:
+                c = tot / (e - a)
+                for m in range(a, e):
+                    gz[b, order[b, m]] = g[b, order[b, m]] - c
+                    if need_w:
+                        gw[b, m] = c
+            else:
+                hs = -math.inf
+                hw = -math.inf
+                for m in range(a, e):
+                    hs = max(hs, z[b, order[b, m]])
+                    hw = max(hw, w[wb, m])
+                ts = 0.0
+                tw = 0.0
+                for m in range(a, e):
+                    ts += math.exp(z[b, order[b, m]] - hs)
+                    tw += math.exp(w[wb, m] - hw)
+                for m in range(a, e):
+                    gz[b, order[b, m]] = g[b, order[b, m]] - math.exp(z[b, order[b, m]] - hs) / ts * tot
+                    if need_w:
+                        gw[b, m] = math.exp(w[wb, m] - hw) / tw * tot
+            a = e
+
+
+def _signatures(dtype: str) -> dict[str, str]:
+    """The pycc signatures of the two kernels for one float dtype (``"f4"`` / ``"f8"``): C-contiguous 2-D arrays."""
+    f, i = f"{dtype}[:, ::1]", "i8[:, ::1]"
+    return {"project_fwd": f"void({f}, {f}, {i}, b1, {f}, {i})",
+            "project_bwd": f"void({f}, {f}, {f}, {i}, {i}, b1, b1, {f}, {f})"}
+
+
+def _aot_name() -> str:
+    """The compiled module's name: this file's hash and the versions its binary depends on."""
+    key = b"|".join([Path(__file__).read_bytes(), sys.version.encode(), np.__version__.encode(),
+                     sysconfig.get_platform().encode()])
+    return "_diffrank_fss_" + hashlib.sha256(key).hexdigest()[:16]
+
+
+def cache_dir() -> Path:
+    """Where the ahead-of-time module lives: ``$DIFFRANK_CACHE_DIR/aot`` (default ``~/.cache/diffrank/aot``)."""
+    root = os.environ.get("DIFFRANK_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "diffrank")
+    return Path(root) / "aot"
+
+
+def _aot_path() -> Path:
+    return cache_dir() / (_aot_name() + importlib.machinery.EXTENSION_SUFFIXES[0])
+
+
+def build_aot() -> Path:
+    """Compile both kernels ahead of time (float32 and float64) into :func:`cache_dir`; returns the module's path.
+
+    Takes seconds (numba's ``pycc``, then the C compiler); the module is written under a temporary name and moved
+    into place, so that a process loading it meanwhile never sees half a file.
+
+    Raises:
+        Whatever ``numba.pycc`` raises when it cannot compile (e.g. no C compiler).
+    """
+    import shutil
+    import tempfile
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # pycc's pending-deprecation notice
+        from numba.pycc import CC
+
+        target = _aot_path()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent))
+        try:
+            cc = CC(target.name.split(".")[0])
+            cc.output_dir = str(tmp)
+            for dtype in ("f4", "f8"):
+                for name, sig in _signatures(dtype).items():
+                    cc.export(f"{name}_{dtype}", sig)(globals()[name])
+            cc.compile()
+            os.replace(tmp / target.name, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _load_aot():
+    """The ahead-of-time module, or None (not built, disabled by ``DIFFRANK_FSS_AOT=0``, or unloadable)."""
+    if os.environ.get("DIFFRANK_FSS_AOT", "1") == "0":
+        return None
+    path = _aot_path()
+    if not path.exists():
+        return None
+    spec = importlib.util.spec_from_file_location(path.name.split(".")[0], path)
+    try:
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    except ImportError:  # e.g. built against another numpy ABI under the same name: the JIT serves
+        return None
+    return mod
+
+
+_KERNELS: dict | None = None
+
+
+def kernel(name: str, dtype) -> object:
+    """The compiled kernel ``name`` (``"project_fwd"`` / ``"project_bwd"``) for ``dtype`` (torch.float32 / float64).
+
+    Ahead-of-time when :func:`build_aot` has run on this machine, else numba's JIT (``cache=True``); resolved once
+    per process.
+    """
+    global _KERNELS
+    if _KERNELS is None:
+        import torch
+
+        mod = _load_aot()
+        if mod is not None:
+            table = {(n, dt): getattr(mod, f"{n}_{code}") for n in ("project_fwd", "project_bwd")
+                     for dt, code in ((torch.float32, "f4"), (torch.float64, "f8"))}
+        else:
+            import numba
+
+            jit = {n: numba.njit(cache=True, nogil=True)(globals()[n]) for n in ("project_fwd", "project_bwd")}
+            table = {(n, dt): jit[n] for n in jit for dt in (torch.float32, torch.float64)}
+        _KERNELS = table
+    return _KERNELS[name, dtype]
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Compile the fast soft sort kernels ahead of time (numba pycc).")
+    parser.add_argument("--build", action="store_true", help="build the module into the cache directory")
+    args = parser.parse_args()
+    if args.build:
+        print(build_aot())
+    else:
+        print(f"{_aot_path()} ({'present' if _aot_path().exists() else 'not built'})")
