@@ -44,27 +44,30 @@ import numpy as np
 TOL = 1e-9  # the authors' partition tolerance (fast_soft_sort.numpy_ops._partition; torchsort's partition())
 
 
-def project_fwd(s, w, order, kl, mu, bid):  # pragma: no cover - compiled
+def project_fwd(s, order, w, kl, mu, bid):  # pragma: no cover - compiled
     """Projection of every row: ``mu[b, order[b, i]] = s[b, i] - v[b, i]``; ``bid[b, i]`` = the Jacobian block
     (0, 1, ...) of sorted position i.
 
-    ``s`` (B, n) sorted descending; ``w`` (1 or B, n) sorted descending; ``order`` (B, n) int64 with
-    ``s[b, i] = z[b, order[b, i]]``; ``kl`` the regularization. ``mu`` (B, n) and ``bid`` (B, n) int64 are written.
+    ``s`` (1 or B, n) sorted descending, ``order`` (same shape, int64) with ``s[b, i] = z[b, order[b, i]]``; ``w``
+    (1 or B, n) sorted descending; a single row is shared by the B rows of ``mu`` (B, n) and ``bid`` (B, n, int64),
+    which are written. ``kl`` the regularization.
     """
-    B, n = s.shape
+    B, n = mu.shape
+    shared_z = s.shape[0] == 1
     shared_w = w.shape[0] == 1
     bstart = np.empty(n + 1, np.int64)
     acc1 = np.empty(n, np.float64)  # l2: Σ (s - w) of the block; kl: LSE(s_B)
     acc2 = np.empty(n, np.float64)  # l2: |B|; kl: LSE(w_B)
     for b in range(B):
+        zb = 0 if shared_z else b
         wb = 0 if shared_w else b
         nb = 0
         for i in range(n):
             if kl:
-                a1 = float(s[b, i])
+                a1 = float(s[zb, i])
                 a2 = float(w[wb, i])
             else:
-                a1 = float(s[b, i]) - float(w[wb, i])
+                a1 = float(s[zb, i]) - float(w[wb, i])
                 a2 = 1.0
             st = i
             while nb > 0:
@@ -103,23 +106,23 @@ def project_fwd(s, w, order, kl, mu, bid):  # pragma: no cover - compiled
                 k += 1
             a, e = bstart[j], bstart[k]
             if e - a == 1:  # a singleton's value is w exactly (integer ranks stay integers)
-                mu[b, order[b, a]] = w[wb, a]
+                mu[b, order[zb, a]] = w[wb, a]
                 bid[b, a] = nf
             else:
                 # μ = s - mean / LSE(s_B) + mean / LSE(w_B), each taken relative to the block's first entry: s - v
                 # cancels catastrophically once |s| is large next to w (|s| >= 1e10 gave ranks [0, 0, 0, 4, 0, 0])
-                s0 = float(s[b, a])
+                s0 = float(s[zb, a])
                 w0 = float(w[wb, a])
                 if kl:
                     ms = 0.0
                     mw = 0.0
                     for m in range(a, e):
-                        ms = max(ms, s[b, m] - s0)
+                        ms = max(ms, s[zb, m] - s0)
                         mw = max(mw, w[wb, m] - w0)
                     ts = 0.0
                     tw = 0.0
                     for m in range(a, e):
-                        ts += math.exp(s[b, m] - s0 - ms)
+                        ts += math.exp(s[zb, m] - s0 - ms)
                         tw += math.exp(w[wb, m] - w0 - mw)
                     cs = ms + math.log(ts)
                     cw = mw + math.log(tw)
@@ -127,27 +130,29 @@ def project_fwd(s, w, order, kl, mu, bid):  # pragma: no cover - compiled
                     cs = 0.0
                     cw = 0.0
                     for m in range(a, e):
-                        cs += s[b, m] - s0
+                        cs += s[zb, m] - s0
                         cw += w[wb, m] - w0
                     cs /= e - a
                     cw /= e - a
                 for m in range(a, e):
-                    mu[b, order[b, m]] = ((s[b, m] - s0) - cs) - ((w[wb, m] - w0) - cw) + w[wb, m]
+                    mu[b, order[zb, m]] = ((s[zb, m] - s0) - cs) - ((w[wb, m] - w0) - cw) + w[wb, m]
                     bid[b, m] = nf
             nf += 1
             j = k
 
 
-def project_bwd(g, z, w, order, bid, kl, need_w, gz, gw):  # pragma: no cover - compiled
+def project_bwd(g, z, order, w, bid, kl, need_w, gz, gw):  # pragma: no cover - compiled
     """VJP of :func:`project_fwd` for a cotangent ``g`` (B, n) in z's order: ``gz`` (B, n, z's order) and, if
-    ``need_w``, ``gw`` (B, n, sorted order; the caller sums it over B for a shared w).
+    ``need_w``, ``gw`` (B, n, sorted order); the caller sums a shared input's rows.
 
     Per block B with T = Σ_{i ∈ B} g_i: gz_i = g_i - p_i T and gw_i = q_i T, p = q = 1/|B| (l2) or
-    p = softmax(s_B), q = softmax(w_B) (kl); ``z`` (B, n) is read only for kl (s = z[order]).
+    p = softmax(s_B), q = softmax(w_B) (kl); ``z`` (1 or B, n, like ``order``) is read only for kl (s = z[order]).
     """
     B, n = g.shape
+    shared_z = order.shape[0] == 1
     shared_w = w.shape[0] == 1
     for b in range(B):
+        zb = 0 if shared_z else b
         wb = 0 if shared_w else b
         a = 0
         while a < n:
@@ -156,30 +161,30 @@ def project_bwd(g, z, w, order, bid, kl, need_w, gz, gw):  # pragma: no cover - 
                 e += 1
             tot = 0.0
             for m in range(a, e):
-                tot += g[b, order[b, m]]
+                tot += g[b, order[zb, m]]
             if e - a == 1:  # p = q = 1
-                gz[b, order[b, a]] = 0.0
+                gz[b, order[zb, a]] = 0.0
                 if need_w:
                     gw[b, a] = tot
             elif not kl:
                 c = tot / (e - a)
                 for m in range(a, e):
-                    gz[b, order[b, m]] = g[b, order[b, m]] - c
+                    gz[b, order[zb, m]] = g[b, order[zb, m]] - c
                     if need_w:
                         gw[b, m] = c
             else:
                 hs = -math.inf
                 hw = -math.inf
                 for m in range(a, e):
-                    hs = max(hs, z[b, order[b, m]])
+                    hs = max(hs, z[zb, order[zb, m]])
                     hw = max(hw, w[wb, m])
                 ts = 0.0
                 tw = 0.0
                 for m in range(a, e):
-                    ts += math.exp(z[b, order[b, m]] - hs)
+                    ts += math.exp(z[zb, order[zb, m]] - hs)
                     tw += math.exp(w[wb, m] - hw)
                 for m in range(a, e):
-                    gz[b, order[b, m]] = g[b, order[b, m]] - math.exp(z[b, order[b, m]] - hs) / ts * tot
+                    gz[b, order[zb, m]] = g[b, order[zb, m]] - math.exp(z[zb, order[zb, m]] - hs) / ts * tot
                     if need_w:
                         gw[b, m] = math.exp(w[wb, m] - hw) / tw * tot
             a = e
@@ -188,8 +193,8 @@ def project_bwd(g, z, w, order, bid, kl, need_w, gz, gw):  # pragma: no cover - 
 def _signatures(dtype: str) -> dict[str, str]:
     """The pycc signatures of the two kernels for one float dtype (``"f4"`` / ``"f8"``): C-contiguous 2-D arrays."""
     f, i = f"{dtype}[:, ::1]", "i8[:, ::1]"
-    return {"project_fwd": f"void({f}, {f}, {i}, b1, {f}, {i})",
-            "project_bwd": f"void({f}, {f}, {f}, {i}, {i}, b1, b1, {f}, {f})"}
+    return {"project_fwd": f"void({f}, {i}, {f}, b1, {f}, {i})",
+            "project_bwd": f"void({f}, {f}, {i}, {f}, {i}, b1, b1, {f}, {f})"}
 
 
 def _aot_name() -> str:
