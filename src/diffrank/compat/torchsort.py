@@ -7,8 +7,9 @@ Same signature, defaults and results as torchsort (Blondel et al. 2020, §5; tor
 - ``regularization_strength`` ε, default 1.0; diffrank's inverse temperature is **β = 1/ε**
   (``diffrank.functional.soft_rank(x, method="fast_soft_sort", beta=1/ε)``);
 - **ascending**: rank 1 = the smallest value, the soft sort increasing; for ``"kl"`` this is the descending
-  operator applied to ``-values`` (torchsort's own construction), which is not the reflection n + 1 - r that
-  :func:`diffrank.functional.soft_rank` uses for its ascending ranks (equal for ``"l2"`` only);
+  operator applied to ``-values`` (torchsort's own construction: ``FastSoftSort``'s ascending hooks), which is
+  not the reflection n + 1 - r that :func:`diffrank.functional.soft_rank` uses for its ascending ranks (equal
+  for ``"l2"`` only);
 - ``values`` must be 2-D ``(B, n)``; integer tensors are promoted to the default float dtype (float32 unless
   changed), as torchsort's ``values * (1/ε)`` promotes them; float16 / bfloat16 are computed in float32 and
   returned in their dtype; the gradient at kinks and ties is torchsort's (and the authors' code's).
@@ -24,6 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from diffrank.operators.base import SOFT_RANK, SOFT_SORT
 from diffrank.operators.fast_soft_sort import FastSoftSort
 
 __all__ = ["soft_rank", "soft_sort"]
@@ -64,7 +66,7 @@ def soft_rank(values: Tensor, regularization: str = "l2", regularization_strengt
         ValueError: ``values`` not 2-D, an unknown regularization, ε <= 0, NaN / inf values.
     """
     values, op = _operator(values, regularization, regularization_strength)
-    return op.soft_rank(-values)
+    return op._per_item(SOFT_RANK, "soft_rank", values, op._soft_rank_ascending)
 
 
 def soft_sort(values: Tensor, regularization: str = "l2", regularization_strength: float | Tensor = 1.0) -> Tensor:
@@ -82,4 +84,4 @@ def soft_sort(values: Tensor, regularization: str = "l2", regularization_strengt
         ValueError: ``values`` not 2-D, an unknown regularization, ε <= 0, NaN / inf values.
     """
     values, op = _operator(values, regularization, regularization_strength)
-    return -op.soft_sort(-values)
+    return op._per_item(SOFT_SORT, "soft_sort", values, op._soft_sort_ascending)

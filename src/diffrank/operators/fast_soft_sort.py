@@ -38,16 +38,24 @@ from diffrank.operators.base import SOFT_RANK, SOFT_SORT, RankingOperator
 REGULARIZATIONS = ("l2", "kl")
 
 
-def _project_impl(z: Tensor, w: Tensor, kl: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _project_impl(z: Tensor, w: Tensor, kl: bool, z_sorted: int) -> tuple[Tensor, Tensor, Tensor]:
     """(μ (B, n), order (like z), block (B, n)) of :class:`_Projection` through the CPU kernel; ``z`` and ``w`` are
-    (1 or B, n), a single row shared by the batch. CUDA inputs go to the host and back."""
-    s, order = torch.sort(z.detach(), dim=-1, descending=True)
+    (1 or B, n), a single row shared by the batch; ``z_sorted`` 1 / -1 when every row of z is already descending /
+    ascending (the soft sort's ±ρ/ε: no sort), else 0. CUDA inputs go to the host and back."""
+    z = z.detach()
+    if z_sorted:
+        s = z if z_sorted > 0 else z.flip(-1)
+        order = _arange(z.shape[-1], z_sorted > 0, z.device).expand(z.shape).clone()  # an output: not the cache
+    else:
+        s, order = torch.sort(z, dim=-1, descending=True)
     w = w.detach()
     dev = z.device
     if dev.type != "cpu":
         s, order, w = s.cpu(), order.cpu(), w.cpu()
     if not w.is_contiguous():
         w = w.contiguous()
+    if not s.is_contiguous():
+        s = s.contiguous()
     shape = (max(s.shape[0], w.shape[0]), s.shape[1])
     mu = s.new_empty(shape)
     bid = order.new_empty(shape)
@@ -58,14 +66,14 @@ def _project_impl(z: Tensor, w: Tensor, kl: bool) -> tuple[Tensor, Tensor, Tenso
 
 
 @torch.library.custom_op("diffrank::fast_soft_sort_project", mutates_args=())
-def _project_op(z: Tensor, w: Tensor, kl: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _project_op(z: Tensor, w: Tensor, kl: bool, z_sorted: int) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`_project_impl` as an operator that ``torch.compile`` does not trace into (numba / the compiled
     module are opaque to dynamo; tracing numba's dispatcher crashed it)."""
-    return _project_impl(z, w, kl)
+    return _project_impl(z, w, kl, z_sorted)
 
 
 @_project_op.register_fake
-def _(z: Tensor, w: Tensor, kl: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _(z: Tensor, w: Tensor, kl: bool, z_sorted: int) -> tuple[Tensor, Tensor, Tensor]:
     shape = (max(z.shape[0], w.shape[0]), z.shape[1])
     return z.new_empty(shape), z.new_empty(z.shape, dtype=torch.int64), z.new_empty(shape, dtype=torch.int64)
 
@@ -94,58 +102,65 @@ def _vjp_ops(g: Tensor, z: Tensor | None, w: Tensor, order: Tensor, bid: Tensor,
     return gz, (q * tot if need_w else None)
 
 
-def _plain(*tensors: Tensor) -> bool:
-    """Whether the kernel may run the backward: plain CPU tensors, no graph to record (no double backward, no
-    torch.func transform, not compiling)."""
-    return not torch.is_grad_enabled() and not torch.compiler.is_compiling() and all(
-        type(t) is Tensor and t.is_cpu and not torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
+def _backward(ctx, g: Tensor, z: Tensor | None, w: Tensor | None, order: Tensor, bid: Tensor):
+    """The backward of both Functions: ``ctx.kl``, ``ctx.rows`` (the row counts of z and w), ``z`` and ``w``
+    (saved for kl only) and the forward's ``order`` and ``bid``.
+
+    The kernel's VJP on a plain CPU cotangent with no graph to record; otherwise (double backward, torch.func
+    transforms, compiling, CUDA) :func:`_vjp_ops`, whose derivatives are exact: zero a.e. in z and w for l2 (the
+    Jacobian is piecewise constant), the block softmax's for kl.
+    """
+    need_z, need_w = ctx.needs_input_grad[:2]
+    if (not torch.is_grad_enabled() and type(g) is Tensor and g.is_cpu and not torch.compiler.is_compiling()
+            and not torch._C._functorch.is_functorch_wrapped_tensor(g)):
+        g = g.contiguous()
+        gz = torch.empty_like(g)
+        gw = torch.empty_like(g) if need_w else gz
+        zz = g if z is None else z.detach().contiguous()
+        ww = g if w is None else w.detach().contiguous()
+        _cpu.kernel("project_bwd", g.dtype)(g.numpy(), zz.numpy(), order.numpy(), ww.numpy(), bid.numpy(), ctx.kl,
+                                            need_w, gz.numpy(), gw.numpy())
+        gw = gw if need_w else None
+    else:
+        gz, gw = _vjp_ops(g, z, w, order, bid, ctx.kl, need_w)
+    # a single row shared by the batch (z of the soft sort, w of the soft rank) gets the sum of the rows
+    if need_z and ctx.rows[0] != gz.shape[0]:
+        gz = gz.sum(0, keepdim=True)
+    if need_w and ctx.rows[1] != gw.shape[0]:
+        gw = gw.sum(0, keepdim=True)
+    return (gz if need_z else None), gw, None, None
 
 
 class _Projection(torch.autograd.Function):
-    """μ = P(z, w): the projection of z (B, n) onto the permutahedron of w (1 or B, n; sorted descending), l2 (P_Q)
-    or kl (P_E, in log space) (Blondel et al. 2020, Prop. 3 and §5), differentiable in both z and w.
+    """μ = P(z, w): the projection of z (1 or B, n) onto the permutahedron of w (1 or B, n; sorted descending), l2
+    (P_Q) or kl (P_E, in log space) (Blondel et al. 2020, Prop. 3 and §5), differentiable in both z and w; a single
+    row is shared by the batch.
 
-    Returns (μ (B, n), order, block) with the last two int64 and non-differentiable (saved for the backward).
-    The backward is the kernel's on plain tensors, else :func:`_vjp_ops` (exact second derivatives: zero a.e.
-    for l2, whose Jacobian is piecewise constant; the block softmax's for kl).
+    Returns (μ (B, n), order, block) with the last two int64 and non-differentiable (saved for the backward,
+    :func:`_backward`). This form (``setup_context``, a vmap rule, the kernel as a custom op while compiling) is
+    the one torch.func and torch.compile need; eager calls take :class:`_ProjectionEager`.
     """
 
     @staticmethod
-    def forward(z: Tensor, w: Tensor, kl: bool) -> tuple[Tensor, Tensor, Tensor]:
-        return _project_op(z, w, kl) if torch.compiler.is_compiling() else _project_impl(z, w, kl)
+    def forward(z: Tensor, w: Tensor, kl: bool, z_sorted: int) -> tuple[Tensor, Tensor, Tensor]:
+        if torch.compiler.is_compiling():
+            return _project_op(z, w, kl, z_sorted)
+        return _project_impl(z, w, kl, z_sorted)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        z, w, kl = inputs
+        z, w, kl, _ = inputs
         _, order, bid = output
         ctx.mark_non_differentiable(order, bid)
-        ctx.save_for_backward(z if kl else None, w, order, bid)
-        ctx.kl = kl
+        ctx.save_for_backward(z if kl else None, w if kl else None, order, bid)
+        ctx.kl, ctx.rows = kl, (z.shape[0], w.shape[0])
 
     @staticmethod
     def backward(ctx, g: Tensor, _g_order, _g_bid):
-        z, w, order, bid = ctx.saved_tensors
-        need_z, need_w = ctx.needs_input_grad[:2]
-        if _plain(g, w):
-            g = g.contiguous()
-            gz = torch.empty_like(g)
-            gw = torch.empty_like(g) if need_w else gz
-            zz = g if z is None else z.detach().contiguous()
-            w = w.detach()
-            _cpu.kernel("project_bwd", g.dtype)(g.numpy(), zz.numpy(), order.numpy(), w.contiguous().numpy(),
-                                                bid.numpy(), ctx.kl, need_w, gz.numpy(), gw.numpy())
-            gw = gw if need_w else None
-        else:
-            gz, gw = _vjp_ops(g, z, w, order, bid, ctx.kl, need_w)
-        # a single row shared by the batch (z of the soft sort, w of the soft rank) gets the sum of the rows
-        if need_z and order.shape[0] != gz.shape[0]:
-            gz = gz.sum(0, keepdim=True)
-        if need_w and w.shape[0] != gw.shape[0]:
-            gw = gw.sum(0, keepdim=True)
-        return (gz if need_z else None), gw, None
+        return _backward(ctx, g, *ctx.saved_tensors)
 
     @staticmethod
-    def vmap(info, in_dims, z: Tensor, w: Tensor, kl: bool):
+    def vmap(info, in_dims, z: Tensor, w: Tensor, kl: bool, z_sorted: int):
         """Fold the vmapped dimension into the batch, (V, B, n) -> (V·B, n); a shared unbatched row stays shared."""
         V = info.batch_size
         xs = [x if d is None else x.movedim(d, 0) for x, d in zip((z, w), in_dims[:2])]
@@ -153,7 +168,7 @@ class _Projection(torch.autograd.Function):
         n = z.shape[-1]
         flat = [x if d is None and x.shape[0] == 1 else x.expand(V, B, n).reshape(V * B, n)
                 for x, d in zip(xs, in_dims[:2])]
-        mu, order, bid = _Projection.apply(flat[0], flat[1], kl)
+        mu, order, bid = _Projection.apply(flat[0], flat[1], kl, z_sorted)
         order_dim = None if order.shape[0] == 1 and flat[0] is xs[0] else 0
         if order_dim == 0:
             order = order.reshape(V, B, n)
@@ -161,45 +176,60 @@ class _Projection(torch.autograd.Function):
 
 
 class _ProjectionEager(torch.autograd.Function):
-    """:class:`_Projection` with the forward that takes ``ctx``, for eager calls outside torch.func transforms:
-    ``Function.apply`` binds the arguments through ``inspect.signature`` on every call when ``setup_context`` is
-    defined, about 50 µs, more than the whole projection of n = 100 items."""
+    """:class:`_Projection` for eager calls outside torch.func transforms, returning μ alone: ``Function.apply``
+    binds the arguments through ``inspect.signature`` on every call when ``setup_context`` is defined (about 50 µs,
+    more than the whole projection of n = 100 items), and each extra output costs a wrapper too."""
 
     @staticmethod
-    def forward(ctx, z: Tensor, w: Tensor, kl: bool) -> tuple[Tensor, Tensor, Tensor]:
-        out = _project_impl(z, w, kl)
-        _Projection.setup_context(ctx, (z, w, kl), out)
-        return out
+    def forward(ctx, z: Tensor, w: Tensor, kl: bool, z_sorted: int) -> Tensor:
+        mu, ctx.order, ctx.bid = _project_impl(z, w, kl, z_sorted)  # int64, no autograd: plain attributes
+        if kl:
+            ctx.save_for_backward(z, w)
+        ctx.kl, ctx.rows = kl, (z.shape[0], w.shape[0])
+        return mu
 
-    backward = staticmethod(_Projection.backward)
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        z, w = ctx.saved_tensors if ctx.kl else (None, None)
+        return _backward(ctx, g, z, w, ctx.order, ctx.bid)
 
 
-def _project(z: Tensor, w: Tensor, kl: bool) -> Tensor:
+def _project(z: Tensor, w: Tensor, kl: bool, z_sorted: int = 0) -> Tensor:
     """μ = P(z, w) (see :class:`_Projection`), through the Function that fits the context."""
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
-        return _Projection.apply(z, w, kl)[0]
-    return _ProjectionEager.apply(z, w, kl)[0]
+        return _Projection.apply(z, w, kl, z_sorted)[0]
+    return _ProjectionEager.apply(z, w, kl, z_sorted)
 
 
-_RHO: dict[tuple, Tensor] = {}
+_CONSTANTS: dict[tuple, Tensor] = {}
+
+
+def _constant(key: tuple, make) -> Tensor:
+    """``make()`` cached under ``key``: building ρ or an arange was a tenth of a call at n = 100. Never written to;
+    made outside inference mode, so that it may be saved for backward later; not cached while compiling."""
+    if torch.compiler.is_compiling():
+        return make()
+    t = _CONSTANTS.get(key)
+    if t is None:
+        if len(_CONSTANTS) >= 64:
+            _CONSTANTS.clear()
+        with torch.inference_mode(False):
+            t = _CONSTANTS[key] = make()
+    return t
 
 
 def _rho(n: int, like: Tensor, log: bool = False) -> Tensor:
-    """ρ = (n, n-1, ..., 1) (or log ρ) as a (1, n) row of ``like``'s dtype and device, cached per (n, dtype, device):
-    building it was a tenth of a call at n = 100. Never written to; made outside inference mode, so that it may
-    be saved for backward later."""
-    if torch.compiler.is_compiling():
+    """ρ = (n, n-1, ..., 1) (or log ρ) as a (1, n) row of ``like``'s dtype and device."""
+    def make():
         rho = torch.arange(n, 0, -1, dtype=like.dtype, device=like.device).unsqueeze(0)
         return rho.log() if log else rho
-    key = (n, like.dtype, like.device, log)
-    rho = _RHO.get(key)
-    if rho is None:
-        if len(_RHO) >= 64:
-            _RHO.clear()
-        with torch.inference_mode(False):
-            rho = torch.arange(n, 0, -1, dtype=like.dtype, device=like.device).unsqueeze(0)
-            rho = _RHO[key] = rho.log() if log else rho
-    return rho
+    return _constant(("rho", n, like.dtype, like.device, log), make)
+
+
+def _arange(n: int, ascending: bool, device: torch.device) -> Tensor:
+    """The (1, n) int64 order of a row that is already sorted descending (0, 1, ...) or ascending (n-1, ..., 0)."""
+    return _constant(("order", n, ascending, device), lambda: (
+        torch.arange(n, device=device) if ascending else torch.arange(n - 1, -1, -1, device=device)).unsqueeze(0))
 
 
 class FastSoftSort(RankingOperator):
@@ -248,17 +278,37 @@ class FastSoftSort(RankingOperator):
         """Soft ranks, 1 = largest (paper §5 "soft ranking"): r = P_Q(-βθ, ρ) (l2) or exp P_E(-βθ, log ρ) (kl),
         ``torchsort.soft_rank(-θ)``; Σ r = n(n+1)/2 exactly for l2. β scales the input (torchsort's
         ``tensor * (1/ε)``), so a learnable β gets its gradient by autograd."""
-        kl = self.regularization == "kl"
-        mu = _project(scores * -self.beta, _rho(scores.shape[-1], scores, log=kl), kl)
-        return mu.exp() if kl else mu
+        return self._rank(scores, -self.beta)
 
     def _soft_sort(self, scores: Tensor) -> Tensor:
         """Soft sort, descending (paper §5 "soft sorting"): P(ρ/ε, sort(θ)) (l2: Σ = Σ θ exactly; kl: Σ e^out =
         Σ e^θ), ``-torchsort.soft_sort(-θ)``; a learnable β enters as ρβ."""
+        return _project(self._sort_z(scores, 1), scores.sort(dim=-1, descending=True).values,
+                        self.regularization == "kl", 1)
+
+    # torchsort's ascending forms, for diffrank.compat.torchsort (through RankingOperator._per_item: validated)
+    def _soft_rank_ascending(self, scores: Tensor) -> Tensor:
+        """``torchsort.soft_rank(θ)``: P_Q(βθ, ρ) or exp P_E(βθ, log ρ), rank 1 = the smallest."""
+        return self._rank(scores, self.beta)
+
+    def _soft_sort_ascending(self, scores: Tensor) -> Tensor:
+        """``torchsort.soft_sort(θ)`` = -P(ρ/ε, sort(-θ)); for l2 that is P_Q(-ρ/ε, sort(θ)) (the projection onto
+        -P(w) is the negated projection of -z onto P(w)), which needs no negation of the input or the output."""
+        if self.regularization == "kl":
+            return -self._soft_sort(-scores)
+        return _project(self._sort_z(scores, -1), scores.sort(dim=-1, descending=True).values, False, -1)
+
+    def _rank(self, scores: Tensor, scale: float | Tensor) -> Tensor:
+        kl = self.regularization == "kl"
+        mu = _project(scores * scale, _rho(scores.shape[-1], scores, log=kl), kl)
+        return mu.exp() if kl else mu
+
+    def _sort_z(self, scores: Tensor, sign: int) -> Tensor:
+        """±ρ/ε, the point the soft sort projects: one (1, n) row shared by the batch (one sort of n items)."""
         rho = _rho(scores.shape[-1], scores)
-        z = rho * self.beta if isinstance(self.beta, Tensor) else rho / self.regularization_strength
-        # z is one row shared by the batch (no (B, n) copy, one sort of n items)
-        return _project(z, scores.sort(dim=-1, descending=True).values, self.regularization == "kl")
+        if isinstance(self.beta, Tensor):
+            return rho * (self.beta if sign > 0 else -self.beta)
+        return rho / (sign * self.regularization_strength)
 
     def extra_repr(self) -> str:
         return f"beta={self.beta}, regularization={self.regularization!r}"
