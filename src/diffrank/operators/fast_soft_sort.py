@@ -41,35 +41,43 @@ REGULARIZATIONS = ("l2", "kl")
 def _project_impl(z: Tensor, w: Tensor, kl: bool, z_sorted: int) -> tuple[Tensor, Tensor, Tensor]:
     """(μ (B, n), order (like z), block (B, n)) of :class:`_Projection` through the CPU kernel; ``z`` and ``w`` are
     (1 or B, n), a single row shared by the batch; ``z_sorted`` 1 / -1 when every row of z is already descending /
-    ascending (the soft sort's ±ρ/ε: no sort), else 0. CUDA inputs go to the host and back."""
+    ascending (the soft sort's ±ρ/ε: no sort; ``order`` is then a cached constant, see :func:`_fresh`), else 0.
+    CUDA inputs go to the host and back."""
     z = z.detach()
     if z_sorted:
-        s = z if z_sorted > 0 else z.flip(-1)
-        order = _arange(z.shape[-1], z_sorted > 0, z.device).expand(z.shape).clone()  # an output: not the cache
+        order = _arange(z.shape[-1], z_sorted > 0, z.device)
+        if z.shape[0] > 1:
+            order = order.expand(z.shape).contiguous()
     else:
-        s, order = torch.sort(z, dim=-1, descending=True)
+        order = torch.sort(z, dim=-1, descending=True)[1]
     w = w.detach()
     dev = z.device
     if dev.type != "cpu":
-        s, order, w = s.cpu(), order.cpu(), w.cpu()
+        z, order, w = z.cpu(), order.cpu(), w.cpu()
     if not w.is_contiguous():
         w = w.contiguous()
-    if not s.is_contiguous():
-        s = s.contiguous()
-    shape = (max(s.shape[0], w.shape[0]), s.shape[1])
-    mu = s.new_empty(shape)
+    if not z.is_contiguous():
+        z = z.contiguous()
+    shape = (max(z.shape[0], w.shape[0]), z.shape[1])
+    mu = z.new_empty(shape)
     bid = order.new_empty(shape)
-    _cpu.kernel("project_fwd", s.dtype)(s.numpy(), order.numpy(), w.numpy(), kl, mu.numpy(), bid.numpy())
+    _cpu.kernel("project_fwd", z.dtype)(z.numpy(), order.numpy(), w.numpy(), kl, mu.numpy(), bid.numpy())
     if dev.type != "cpu":
         return mu.to(dev), order.to(dev), bid.to(dev)
     return mu, order, bid
+
+
+def _fresh(out: tuple[Tensor, Tensor, Tensor], z_sorted: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``out`` with an order that is not the cached constant, for a Function or operator output (autograd and
+    torch.library take ownership of outputs)."""
+    return (out[0], out[1].clone(), out[2]) if z_sorted else out
 
 
 @torch.library.custom_op("diffrank::fast_soft_sort_project", mutates_args=())
 def _project_op(z: Tensor, w: Tensor, kl: bool, z_sorted: int) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`_project_impl` as an operator that ``torch.compile`` does not trace into (numba / the compiled
     module are opaque to dynamo; tracing numba's dispatcher crashed it)."""
-    return _project_impl(z, w, kl, z_sorted)
+    return _fresh(_project_impl(z, w, kl, z_sorted), z_sorted)
 
 
 @_project_op.register_fake
@@ -145,7 +153,7 @@ class _Projection(torch.autograd.Function):
     def forward(z: Tensor, w: Tensor, kl: bool, z_sorted: int) -> tuple[Tensor, Tensor, Tensor]:
         if torch.compiler.is_compiling():
             return _project_op(z, w, kl, z_sorted)
-        return _project_impl(z, w, kl, z_sorted)
+        return _fresh(_project_impl(z, w, kl, z_sorted), z_sorted)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:

@@ -44,16 +44,16 @@ import numpy as np
 TOL = 1e-9  # the authors' partition tolerance (fast_soft_sort.numpy_ops._partition; torchsort's partition())
 
 
-def project_fwd(s, order, w, kl, mu, bid):  # pragma: no cover - compiled
-    """Projection of every row: ``mu[b, order[b, i]] = s[b, i] - v[b, i]``; ``bid[b, i]`` = the Jacobian block
-    (0, 1, ...) of sorted position i.
+def project_fwd(z, order, w, kl, mu, bid):  # pragma: no cover - compiled
+    """Projection of every row: ``mu[b, order[b, i]] = s[b, i] - v[b, i]`` with ``s[b, i] = z[b, order[b, i]]``;
+    ``bid[b, i]`` = the Jacobian block (0, 1, ...) of sorted position i.
 
-    ``s`` (1 or B, n) sorted descending, ``order`` (same shape, int64) with ``s[b, i] = z[b, order[b, i]]``; ``w``
-    (1 or B, n) sorted descending; a single row is shared by the B rows of ``mu`` (B, n) and ``bid`` (B, n, int64),
-    which are written. ``kl`` the regularization.
+    ``z`` (1 or B, n) and ``order`` (same shape, int64) sorting each row descending; ``w`` (1 or B, n) sorted
+    descending; a single row is shared by the B rows of ``mu`` (B, n) and ``bid`` (B, n, int64), which are written.
+    ``kl`` the regularization. (s is read through ``order``: a row that is already sorted needs no copy.)
     """
     B, n = mu.shape
-    shared_z = s.shape[0] == 1
+    shared_z = z.shape[0] == 1
     shared_w = w.shape[0] == 1
     bstart = np.empty(n + 1, np.int64)
     acc1 = np.empty(n, np.float64)  # l2: Σ (s - w) of the block; kl: LSE(s_B)
@@ -64,10 +64,10 @@ def project_fwd(s, order, w, kl, mu, bid):  # pragma: no cover - compiled
         nb = 0
         for i in range(n):
             if kl:
-                a1 = float(s[zb, i])
+                a1 = float(z[zb, order[zb, i]])
                 a2 = float(w[wb, i])
             else:
-                a1 = float(s[zb, i]) - float(w[wb, i])
+                a1 = float(z[zb, order[zb, i]]) - float(w[wb, i])
                 a2 = 1.0
             st = i
             while nb > 0:
@@ -111,18 +111,18 @@ def project_fwd(s, order, w, kl, mu, bid):  # pragma: no cover - compiled
             else:
                 # μ = s - mean / LSE(s_B) + mean / LSE(w_B), each taken relative to the block's first entry: s - v
                 # cancels catastrophically once |s| is large next to w (|s| >= 1e10 gave ranks [0, 0, 0, 4, 0, 0])
-                s0 = float(s[zb, a])
+                s0 = float(z[zb, order[zb, a]])
                 w0 = float(w[wb, a])
                 if kl:
                     ms = 0.0
                     mw = 0.0
                     for m in range(a, e):
-                        ms = max(ms, s[zb, m] - s0)
+                        ms = max(ms, z[zb, order[zb, m]] - s0)
                         mw = max(mw, w[wb, m] - w0)
                     ts = 0.0
                     tw = 0.0
                     for m in range(a, e):
-                        ts += math.exp(s[zb, m] - s0 - ms)
+                        ts += math.exp(z[zb, order[zb, m]] - s0 - ms)
                         tw += math.exp(w[wb, m] - w0 - mw)
                     cs = ms + math.log(ts)
                     cw = mw + math.log(tw)
@@ -130,12 +130,12 @@ def project_fwd(s, order, w, kl, mu, bid):  # pragma: no cover - compiled
                     cs = 0.0
                     cw = 0.0
                     for m in range(a, e):
-                        cs += s[zb, m] - s0
+                        cs += z[zb, order[zb, m]] - s0
                         cw += w[wb, m] - w0
                     cs /= e - a
                     cw /= e - a
                 for m in range(a, e):
-                    mu[b, order[zb, m]] = ((s[zb, m] - s0) - cs) - ((w[wb, m] - w0) - cw) + w[wb, m]
+                    mu[b, order[zb, m]] = ((z[zb, order[zb, m]] - s0) - cs) - ((w[wb, m] - w0) - cw) + w[wb, m]
                     bid[b, m] = nf
             nf += 1
             j = k
