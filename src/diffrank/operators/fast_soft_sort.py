@@ -122,13 +122,12 @@ def _backward(ctx, g: Tensor, z: Tensor | None, w: Tensor | None, order: Tensor,
     if (not torch.is_grad_enabled() and type(g) is Tensor and g.is_cpu and not torch.compiler.is_compiling()
             and not torch._C._functorch.is_functorch_wrapped_tensor(g)):
         g = g.contiguous()
-        gz = torch.empty_like(g)
-        gw = torch.empty_like(g) if need_w else gz
+        gz = torch.empty_like(g) if need_z else g  # g: a placeholder the kernel does not touch
+        gw = torch.empty_like(g) if need_w else g
         zz = g if z is None else z.detach().contiguous()
         ww = g if w is None else w.detach().contiguous()
         _cpu.kernel("project_bwd", g.dtype)(g.numpy(), zz.numpy(), order.numpy(), ww.numpy(), bid.numpy(), ctx.kl,
-                                            need_w, gz.numpy(), gw.numpy())
-        gw = gw if need_w else None
+                                            need_z, need_w, gz.numpy(), gw.numpy())
     else:
         gz, gw = _vjp_ops(g, z, w, order, bid, ctx.kl, need_w)
     # a single row shared by the batch (z of the soft sort, w of the soft rank) gets the sum of the rows

@@ -141,9 +141,9 @@ def project_fwd(z, order, w, kl, mu, bid):  # pragma: no cover - compiled
             j = k
 
 
-def project_bwd(g, z, order, w, bid, kl, need_w, gz, gw):  # pragma: no cover - compiled
-    """VJP of :func:`project_fwd` for a cotangent ``g`` (B, n) in z's order: ``gz`` (B, n, z's order) and, if
-    ``need_w``, ``gw`` (B, n, sorted order); the caller sums a shared input's rows.
+def project_bwd(g, z, order, w, bid, kl, need_z, need_w, gz, gw):  # pragma: no cover - compiled
+    """VJP of :func:`project_fwd` for a cotangent ``g`` (B, n) in z's order: if ``need_z``, ``gz`` (B, n, z's
+    order) and, if ``need_w``, ``gw`` (B, n, sorted order); the caller sums a shared input's rows.
 
     Per block B with T = Σ_{i ∈ B} g_i: gz_i = g_i - p_i T and gw_i = q_i T, p = q = 1/|B| (l2) or
     p = softmax(s_B), q = softmax(w_B) (kl); ``z`` (1 or B, n, like ``order``) is read only for kl (s = z[order]).
@@ -163,13 +163,15 @@ def project_bwd(g, z, order, w, bid, kl, need_w, gz, gw):  # pragma: no cover - 
             for m in range(a, e):
                 tot += g[b, order[zb, m]]
             if e - a == 1:  # p = q = 1
-                gz[b, order[zb, a]] = 0.0
+                if need_z:
+                    gz[b, order[zb, a]] = 0.0
                 if need_w:
                     gw[b, a] = tot
             elif not kl:
                 c = tot / (e - a)
                 for m in range(a, e):
-                    gz[b, order[zb, m]] = g[b, order[zb, m]] - c
+                    if need_z:
+                        gz[b, order[zb, m]] = g[b, order[zb, m]] - c
                     if need_w:
                         gw[b, m] = c
             else:
@@ -184,7 +186,8 @@ def project_bwd(g, z, order, w, bid, kl, need_w, gz, gw):  # pragma: no cover - 
                     ts += math.exp(z[zb, order[zb, m]] - hs)
                     tw += math.exp(w[wb, m] - hw)
                 for m in range(a, e):
-                    gz[b, order[zb, m]] = g[b, order[zb, m]] - math.exp(z[zb, order[zb, m]] - hs) / ts * tot
+                    if need_z:
+                        gz[b, order[zb, m]] = g[b, order[zb, m]] - math.exp(z[zb, order[zb, m]] - hs) / ts * tot
                     if need_w:
                         gw[b, m] = math.exp(w[wb, m] - hw) / tw * tot
             a = e
@@ -194,7 +197,7 @@ def _signatures(dtype: str) -> dict[str, str]:
     """The pycc signatures of the two kernels for one float dtype (``"f4"`` / ``"f8"``): C-contiguous 2-D arrays."""
     f, i = f"{dtype}[:, ::1]", "i8[:, ::1]"
     return {"project_fwd": f"void({f}, {i}, {f}, b1, {f}, {i})",
-            "project_bwd": f"void({f}, {f}, {i}, {f}, {i}, b1, b1, {f}, {f})"}
+            "project_bwd": f"void({f}, {f}, {i}, {f}, {i}, b1, b1, b1, {f}, {f})"}
 
 
 def _aot_name() -> str:
