@@ -110,6 +110,30 @@ def _vjp_ops(g: Tensor, z: Tensor | None, w: Tensor, order: Tensor, bid: Tensor,
     return gz, (q * tot if need_w else None)
 
 
+def _jvp_ops(dz: Tensor | None, dw: Tensor | None, z: Tensor, w: Tensor, order: Tensor, bid: Tensor,
+             kl: bool) -> Tensor:
+    """The JVP of the projection (forward mode: ``torch.func.jvp``, ``jacfwd``, ``hessian``), in differentiable
+    tensor operations: per block dμ_i = ds_i - (Σ p ds - Σ q dw) with p, q as in :func:`_vjp_ops`."""
+    B = bid.shape[0]
+    order = order.expand(B, -1)
+
+    def block_sum(x, weights):
+        x = x * weights if weights is not None else x
+        return torch.zeros_like(x).scatter_add(-1, bid, x).gather(-1, bid)
+
+    if kl:
+        p = _block_softmax(z.expand(B, -1).gather(-1, order), bid)
+        q = _block_softmax(w.expand(B, -1), bid)
+    else:
+        p = q = 1 / block_sum(torch.ones(bid.shape, dtype=z.dtype, device=z.device), None)
+    ds = dz.expand(B, -1).gather(-1, order) if dz is not None else None
+    dv = block_sum(ds, p) if ds is not None else 0
+    if dw is not None:
+        dv = dv - block_sum(dw.expand(B, -1), q)
+    dmu = (ds if ds is not None else 0) - dv
+    return torch.zeros(bid.shape, dtype=z.dtype, device=z.device).scatter(-1, order, dmu)
+
+
 def _backward(ctx, g: Tensor, z: Tensor | None, w: Tensor | None, order: Tensor, bid: Tensor):
     """The backward of both Functions: ``ctx.kl``, ``ctx.rows`` (the row counts of z and w), ``z`` and ``w``
     (saved for kl only) and the forward's ``order`` and ``bid``.
@@ -160,11 +184,17 @@ class _Projection(torch.autograd.Function):
         _, order, bid = output
         ctx.mark_non_differentiable(order, bid)
         ctx.save_for_backward(z if kl else None, w if kl else None, order, bid)
+        ctx.save_for_forward(z, w, order, bid)
         ctx.kl, ctx.rows = kl, (z.shape[0], w.shape[0])
 
     @staticmethod
     def backward(ctx, g: Tensor, _g_order, _g_bid):
         return _backward(ctx, g, *ctx.saved_tensors)
+
+    @staticmethod
+    def jvp(ctx, dz: Tensor | None, dw: Tensor | None, _kl, _z_sorted):
+        z, w, order, bid = ctx.saved_tensors
+        return _jvp_ops(dz, dw, z, w, order, bid, ctx.kl), None, None
 
     @staticmethod
     def vmap(info, in_dims, z: Tensor, w: Tensor, kl: bool, z_sorted: int):
@@ -303,10 +333,12 @@ class FastSoftSort(RankingOperator):
 
     def _soft_sort_ascending(self, scores: Tensor) -> Tensor:
         """``torchsort.soft_sort(θ)`` = -P(ρ/ε, sort(-θ)); for l2 that is P_Q(-ρ/ε, sort(θ)) (the projection onto
-        -P(w) is the negated projection of -z onto P(w)), which needs no negation of the input or the output."""
+        -P(w) is the negated projection of -z onto P(w)), which needs no negation of the input or the output. The
+        descending sort is the ascending one reversed, which orders tied values as torchsort's sort of -θ does (tied
+        items get different gradients, so the order decides which gets which)."""
         if self.regularization == "kl":
             return -self._soft_sort(-scores)
-        return _project(self._sort_z(scores, -1), scores.sort(dim=-1, descending=True).values, False, -1)
+        return _project(self._sort_z(scores, -1), scores.sort(dim=-1).values.flip(-1), False, -1)
 
     def _rank(self, scores: Tensor, scale: float | Tensor) -> Tensor:
         kl = self.regularization == "kl"
