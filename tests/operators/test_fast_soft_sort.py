@@ -293,11 +293,11 @@ def test_torch_func(reg):
         torch.testing.assert_close(torch.func.vmap(hook)(xs), torch.stack([hook(x) for x in xs]))
         x = xs[0].clone().requires_grad_()
         (ref,) = torch.autograd.grad((public(x) * w).sum(), x)
-        torch.testing.assert_close(torch.func.grad(lambda t: (public(t) * w).sum())(xs[0]), ref)
+        torch.testing.assert_close(torch.func.grad(lambda t, f=public: (f(t) * w).sum())(xs[0]), ref)
         torch.testing.assert_close(torch.func.jacrev(public)(xs[0]), torch.autograd.functional.jacobian(public, xs[0]))
         # the Hessian-vector product through func transforms (jvp of grad) equals double backward
         v = torch.randn_like(xs[0])
-        f = lambda t: (public(t) ** 2 * w).sum()  # noqa: E731
+        f = lambda t, p=public: (p(t) ** 2 * w).sum()  # noqa: E731
         hvp = torch.func.jvp(torch.func.grad(f), (xs[0],), (v,))[1]
         x = xs[0].clone().requires_grad_()
         (gx,) = torch.autograd.grad(f(x), x, create_graph=True)
