@@ -327,3 +327,44 @@ def test_torch_compile(reg):
     torch.testing.assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-5)
     for c, e in zip(torch.compile(hooks, fullgraph=True)(x), hooks(x)):
         torch.testing.assert_close(c, e, atol=1e-5, rtol=1e-5)
+
+
+_AOT_SCRIPT = """
+import sys, torch
+from diffrank.operators.fast_soft_sort import FastSoftSort
+x = torch.linspace(-2, 3, 12, dtype=torch.float64).view(2, 6).requires_grad_()
+outs = []
+for dtype in (torch.float64, torch.float32):
+    for reg in ("l2", "kl"):
+        op = FastSoftSort(1.3, reg)
+        xx = x.detach().to(dtype).requires_grad_()
+        y = op.soft_rank(xx) + op.soft_sort(xx) ** 2
+        y.sum().backward()
+        outs += [y.detach().double(), xx.grad.double()]
+torch.save(outs, sys.argv[1])
+print("numba" in sys.modules)
+"""
+
+
+@pytest.mark.slow
+def test_ahead_of_time_module(tmp_path):
+    """``python -m diffrank.operators.fast_soft_sort_cpu --build`` writes a module that a fresh process loads
+    without importing numba, and whose results equal numba's JIT (DIFFRANK_FSS_AOT=0)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DIFFRANK_CACHE_DIR": str(tmp_path / "cache")}
+    subprocess.run([sys.executable, "-m", "diffrank.operators.fast_soft_sort_cpu", "--build"], env=env, check=True,
+                   capture_output=True, timeout=600)
+    script = tmp_path / "run.py"
+    script.write_text(_AOT_SCRIPT)
+    res = {}
+    for mode in ("auto", "0"):
+        out = tmp_path / f"{mode}.pt"
+        proc = subprocess.run([sys.executable, str(script), str(out)], env={**env, "DIFFRANK_FSS_AOT": mode},
+                              check=True, capture_output=True, text=True, timeout=600)
+        assert proc.stdout.strip() == ("False" if mode == "auto" else "True")  # numba imported only by the JIT
+        res[mode] = torch.load(out)
+    for a, b in zip(res["auto"], res["0"]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
