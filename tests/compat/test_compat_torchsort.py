@@ -97,3 +97,19 @@ def test_parity_with_torchsort(reg):
                                            atol=1e-9, rtol=1e-9)
                 torch.testing.assert_close(getattr(torchsort, name)(x.float(), reg, eps),
                                            getattr(peer, name)(x.float(), reg, eps), atol=1e-4, rtol=1e-5)
+
+
+def test_benchmark_suite_smoke(monkeypatch):
+    """The ``torchsort_parity`` benchmark suite's table: one row per (function, B, n), the ratio torchsort / ours."""
+    import argparse
+
+    from diffrank.benchmark import DEFAULT_SUITES, torchsort_parity
+
+    assert "torchsort_parity" in DEFAULT_SUITES
+    monkeypatch.setattr(torchsort_parity, "BATCHES", (2,))
+    monkeypatch.setattr(torchsort_parity, "SIZES", (50,))
+    [(title, rows)] = torchsort_parity.run(argparse.Namespace(quick=True, max_seconds=0.05))
+    assert "torchsort" in title and [(r["function"], r["B"], r["n"]) for r in rows] == [("soft_rank", 2, 50),
+                                                                                        ("soft_sort", 2, 50)]
+    for r in rows:
+        assert r["ratio (torchsort / ours)"] == "-" or float(r["ratio (torchsort / ours)"]) > 0

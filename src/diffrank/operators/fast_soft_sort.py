@@ -9,22 +9,29 @@ Soft rank and soft sort are regularised projections onto the permutahedron P(w) 
 Both reduce to an isotonic regression solved by pool adjacent violators (paper Prop. 3): with σ
 sorting z descending and s = z_σ, v = argmin_{v_1 >= ... >= v_n} of ½‖v - (s - w)‖² (block value =
 mean of s - w) or of ⟨e^{s-v}, 1⟩ + ⟨e^w, v⟩ (block value = LSE(s_B) - LSE(w_B)); the projection is
-s - v, unsorted. O(n log n): one sort, then O(n) PAV (a numba kernel looping over the batch).
+s - v, unsorted. O(n log n): one sort, then O(n) PAV (:mod:`diffrank.operators.fast_soft_sort_cpu`: one kernel
+call for the batch, compiled ahead of time or by numba's JIT).
 
 diffrank orientation (descending, rank 1 = largest), with ρ = (n, n-1, ..., 1) and ε = 1/β the
 ``regularization_strength``:
 
 - soft rank: r = P_Q(-θ/ε, ρ) (l2) or exp(P_E(-θ/ε, log ρ)) (kl) — ``torchsort.soft_rank(-θ)``;
-- soft sort: P_Q(ρ/ε, θ) = ρ/ε - iso(ρ/ε - θ_sorted) (l2), or ρ/ε - v with block value
-  LSE(ρ/ε) - LSE(θ_sorted) (kl) — ``-torchsort.soft_sort(-θ)``.
+- soft sort: P(ρ/ε, sort(θ)) (the projection of ρ/ε onto the permutahedron of θ) — ``-torchsort.soft_sort(-θ)``.
 
-torchsort's ascending functions are :func:`diffrank.functional.soft_rank` / :func:`diffrank.functional.soft_sort`
-with ``method="fast_soft_sort", beta=1/ε`` (equal for ``l2``, the default).
+torchsort's ascending functions are :mod:`diffrank.compat.torchsort` (both regularizations, its ties), and
+:func:`diffrank.functional.soft_rank` / :func:`diffrank.functional.soft_sort` with ``method="fast_soft_sort",
+beta=1/ε`` for ``l2`` (their ascending result reflects the descending one, which is torchsort's only for l2).
 
-The Jacobian of the isotonic step is block diagonal: within a block every row equals 1/|B| (l2) or
-softmax of the block's entries that depend on θ (kl) (paper Lemma 2 / §5). The backward pass applies it
-exactly in O(n) in a custom ``torch.autograd.Function``. The PAV pass runs on the CPU (CUDA inputs are
-copied to the host and back).
+Derivatives (paper Lemma 2 / §5): the Jacobian of the isotonic step is block diagonal, every row of a block 1/|B|
+(l2) or the softmax of the block's entries (kl). At kinks and ties (two blocks with equal values) this uses the
+convention of the authors' code and torchsort (fast_soft_sort_cpu: equal blocks pool, then a 1e-9 partition), so
+torchsort's README Spearman example gets its gradient. The backward is one kernel call on plain tensors, and
+differentiable tensor operations when a graph is recorded: exact second derivatives (zero a.e. for l2, whose
+Jacobian is piecewise constant; the softmax's curvature for kl), ``torch.func`` (``grad``, ``jacrev``, ``vmap``,
+``jvp``) and ``torch.compile`` (the kernel is the custom op ``diffrank::fast_soft_sort_project``: dynamo does not
+trace it; graph breaks only where the base class validates). β may be a tensor that requires grad: it scales the
+projected point (βθ, ρβ), so autograd gives ∂/∂β. The PAV runs on the CPU (CUDA inputs are copied to the host and
+back).
 """
 
 from __future__ import annotations
