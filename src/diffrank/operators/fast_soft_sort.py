@@ -45,52 +45,66 @@ from diffrank.operators.base import SOFT_RANK, SOFT_SORT, RankingOperator
 REGULARIZATIONS = ("l2", "kl")
 
 
-def _project_impl(z: Tensor, w: Tensor, kl: bool, z_sorted: int) -> tuple[Tensor, Tensor, Tensor]:
-    """(μ (B, n), order (like z), block (B, n)) of :class:`_Projection` through the CPU kernel; ``z`` and ``w`` are
-    (1 or B, n), a single row shared by the batch; ``z_sorted`` 1 / -1 when every row of z is already descending /
-    ascending (the soft sort's ±ρ/ε: no sort; ``order`` is then a cached constant, see :func:`_fresh`), else 0.
-    CUDA inputs go to the host and back."""
-    z = z.detach()
-    if z_sorted:
-        order = _arange(z.shape[-1], z_sorted > 0, z.device)
-        if z.shape[0] > 1:
-            order = order.expand(z.shape).contiguous()
-    else:
-        order = torch.sort(z, dim=-1, descending=True)[1]
-    w = w.detach()
+# how a row is ordered (``z_how`` / ``w_how``): already descending / ascending (the soft sort's ±ρ/ε, ρ itself: no
+# sort, the order is a cached arange), to sort descending, or to sort ascending and read reversed (the order
+# torchsort's descending sort of -x gives tied values: tied items get different gradients, so it decides which)
+DESCENDING, ASCENDING, SORT, SORT_AS_NEGATED = 1, -1, 0, 2
+
+
+def _order(x: Tensor, how: int) -> Tensor:
+    """The int64 indices that read each row of ``x`` (1 or B, n) in descending order (see :data:`SORT`)."""
+    if how in (DESCENDING, ASCENDING):
+        order = _arange(x.shape[-1], how == DESCENDING, x.device)
+        return order if x.shape[0] == 1 else order.expand(x.shape).contiguous()
+    if how == SORT:
+        return torch.sort(x, dim=-1, descending=True)[1]
+    return torch.sort(x, dim=-1)[1].flip(-1)
+
+
+def _project_impl(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int) -> tuple[Tensor, ...]:
+    """(μ (B, n), order (like z), worder (like w), block (B, n)) of :class:`_Projection` through the CPU kernel;
+    ``z`` and ``w`` are (1 or B, n), a single row shared by the batch, read in the orders ``z_how`` / ``w_how``
+    (:data:`SORT`; a cached order for a presorted row, see :func:`_fresh`). CUDA inputs go to the host and back."""
+    z, w = z.detach(), w.detach()
+    order, worder = _order(z, z_how), _order(w, w_how)
     dev = z.device
     if dev.type != "cpu":
-        z, order, w = z.cpu(), order.cpu(), w.cpu()
-    if not w.is_contiguous():
-        w = w.contiguous()
+        z, order, w, worder = z.cpu(), order.cpu(), w.cpu(), worder.cpu()
     if not z.is_contiguous():
         z = z.contiguous()
+    if not w.is_contiguous():
+        w = w.contiguous()
     shape = (max(z.shape[0], w.shape[0]), z.shape[1])
     mu = z.new_empty(shape)
     bid = order.new_empty(shape)
-    _cpu.kernel("project_fwd", z.dtype)(z.numpy(), order.numpy(), w.numpy(), kl, mu.numpy(), bid.numpy())
+    _cpu.kernel("project_fwd", z.dtype)(z.numpy(), order.numpy(), w.numpy(), worder.numpy(), kl, mu.numpy(),
+                                        bid.numpy())
     if dev.type != "cpu":
-        return mu.to(dev), order.to(dev), bid.to(dev)
-    return mu, order, bid
+        return mu.to(dev), order.to(dev), worder.to(dev), bid.to(dev)
+    return mu, order, worder, bid
 
 
-def _fresh(out: tuple[Tensor, Tensor, Tensor], z_sorted: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``out`` with an order that is not the cached constant, for a Function or operator output (autograd and
-    torch.library take ownership of outputs)."""
-    return (out[0], out[1].clone(), out[2]) if z_sorted else out
+def _fresh(out: tuple[Tensor, ...], z_how: int, w_how: int) -> tuple[Tensor, ...]:
+    """``out`` without the cached constant orders, for a Function or operator output (autograd and torch.library
+    take ownership of outputs)."""
+    mu, order, worder, bid = out
+    presorted = (DESCENDING, ASCENDING)
+    return (mu, order.clone() if z_how in presorted else order, worder.clone() if w_how in presorted else worder,
+            bid)
 
 
 @torch.library.custom_op("diffrank::fast_soft_sort_project", mutates_args=())
-def _project_op(z: Tensor, w: Tensor, kl: bool, z_sorted: int) -> tuple[Tensor, Tensor, Tensor]:
+def _project_op(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """:func:`_project_impl` as an operator that ``torch.compile`` does not trace into (numba / the compiled
     module are opaque to dynamo; tracing numba's dispatcher crashed it)."""
-    return _fresh(_project_impl(z, w, kl, z_sorted), z_sorted)
+    return _fresh(_project_impl(z, w, kl, z_how, w_how), z_how, w_how)
 
 
 @_project_op.register_fake
-def _(z: Tensor, w: Tensor, kl: bool, z_sorted: int) -> tuple[Tensor, Tensor, Tensor]:
+def _(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     shape = (max(z.shape[0], w.shape[0]), z.shape[1])
-    return z.new_empty(shape), z.new_empty(z.shape, dtype=torch.int64), z.new_empty(shape, dtype=torch.int64)
+    return (z.new_empty(shape), z.new_empty(z.shape, dtype=torch.int64), z.new_empty(w.shape, dtype=torch.int64),
+            z.new_empty(shape, dtype=torch.int64))
 
 
 def _block_softmax(x: Tensor, bid: Tensor) -> Tensor:
@@ -100,50 +114,51 @@ def _block_softmax(x: Tensor, bid: Tensor) -> Tensor:
     return e / torch.zeros_like(e).scatter_add(-1, bid, e).gather(-1, bid)
 
 
-def _vjp_ops(g: Tensor, z: Tensor | None, w: Tensor, order: Tensor, bid: Tensor, kl: bool,
+def _block_sum(x: Tensor, bid: Tensor) -> Tensor:
+    """Σ of ``x`` (B, n) over each block, at every position of the block."""
+    return torch.zeros_like(x).scatter_add(-1, bid, x).gather(-1, bid)
+
+
+def _weights(z: Tensor | None, w: Tensor | None, order: Tensor, worder: Tensor, bid: Tensor, kl: bool,
+             dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """p, q (B, n, sorted positions): ∂v/∂s_j = p_j and ∂v/∂w_j = -q_j within a block (1/|B|, or the block
+    softmax of s and of the sorted w)."""
+    if kl:
+        return (_block_softmax(z.expand(bid.shape).gather(-1, order), bid),
+                _block_softmax(w.expand(bid.shape).gather(-1, worder), bid))
+    p = 1 / _block_sum(torch.ones(bid.shape, dtype=dtype, device=bid.device), bid)
+    return p, p
+
+
+def _vjp_ops(g: Tensor, z: Tensor | None, w: Tensor | None, order: Tensor, worder: Tensor, bid: Tensor, kl: bool,
              need_w: bool) -> tuple[Tensor, Tensor | None]:
     """The VJP of :func:`_cpu.project_bwd` in differentiable tensor operations: what double backward, torch.func
     transforms and torch.compile differentiate (for kl the block softmax depends on z and w). Returns (B, n)
-    gradients; the caller sums a shared input's."""
-    order = order.expand_as(g)
+    gradients in z's and w's order; the caller sums a shared input's."""
+    order, worder = order.expand_as(g), worder.expand_as(g)
     gs = g.gather(-1, order)
-    tot = torch.zeros_like(gs).scatter_add(-1, bid, gs).gather(-1, bid)
-    if kl:
-        p = _block_softmax(z.expand_as(g).gather(-1, order), bid)
-        q = _block_softmax(w.expand_as(gs), bid) if need_w else None
-    else:
-        p = q = 1 / torch.zeros_like(gs).scatter_add(-1, bid, torch.ones_like(gs)).gather(-1, bid)
+    tot = _block_sum(gs, bid)
+    p, q = _weights(z, w, order, worder, bid, kl, g.dtype)
     gz = torch.zeros_like(gs).scatter(-1, order, gs - p * tot)
-    return gz, (q * tot if need_w else None)
+    return gz, (torch.zeros_like(gs).scatter(-1, worder, q * tot) if need_w else None)
 
 
-def _jvp_ops(dz: Tensor | None, dw: Tensor | None, z: Tensor, w: Tensor, order: Tensor, bid: Tensor,
-             kl: bool) -> Tensor:
+def _jvp_ops(dz: Tensor | None, dw: Tensor | None, z: Tensor, w: Tensor, order: Tensor, worder: Tensor,
+             bid: Tensor, kl: bool) -> Tensor:
     """The JVP of the projection (forward mode: ``torch.func.jvp``, ``jacfwd``, ``hessian``), in differentiable
-    tensor operations: per block dμ_i = ds_i - (Σ p ds - Σ q dw) with p, q as in :func:`_vjp_ops`."""
-    B = bid.shape[0]
-    order = order.expand(B, -1)
-
-    def block_sum(x, weights):
-        x = x * weights if weights is not None else x
-        return torch.zeros_like(x).scatter_add(-1, bid, x).gather(-1, bid)
-
-    if kl:
-        p = _block_softmax(z.expand(B, -1).gather(-1, order), bid)
-        q = _block_softmax(w.expand(B, -1), bid)
-    else:
-        p = q = 1 / block_sum(torch.ones(bid.shape, dtype=z.dtype, device=z.device), None)
-    ds = dz.expand(B, -1).gather(-1, order) if dz is not None else None
-    dv = block_sum(ds, p) if ds is not None else 0
+    tensor operations: per block dμ_i = ds_i - (Σ p ds - Σ q dw_sorted) with p, q of :func:`_weights`."""
+    order, worder = order.expand(bid.shape), worder.expand(bid.shape)
+    p, q = _weights(z, w, order, worder, bid, kl, z.dtype)
+    ds = dz.expand(bid.shape).gather(-1, order) if dz is not None else torch.zeros_like(p)
+    dv = _block_sum(ds * p, bid)
     if dw is not None:
-        dv = dv - block_sum(dw.expand(B, -1), q)
-    dmu = (ds if ds is not None else 0) - dv
-    return torch.zeros(bid.shape, dtype=z.dtype, device=z.device).scatter(-1, order, dmu)
+        dv = dv - _block_sum(dw.expand(bid.shape).gather(-1, worder) * q, bid)
+    return torch.zeros_like(ds).scatter(-1, order, ds - dv)
 
 
-def _backward(ctx, g: Tensor, z: Tensor | None, w: Tensor | None, order: Tensor, bid: Tensor):
+def _backward(ctx, g: Tensor, z: Tensor | None, w: Tensor | None, order: Tensor, worder: Tensor, bid: Tensor):
     """The backward of both Functions: ``ctx.kl``, ``ctx.rows`` (the row counts of z and w), ``z`` and ``w``
-    (saved for kl only) and the forward's ``order`` and ``bid``.
+    (saved for kl only) and the forward's orders and blocks.
 
     The kernel's VJP on a plain CPU cotangent with no graph to record; otherwise (double backward, torch.func
     transforms, compiling, CUDA) :func:`_vjp_ops`, whose derivatives are exact: zero a.e. in z and w for l2 (the
@@ -156,67 +171,65 @@ def _backward(ctx, g: Tensor, z: Tensor | None, w: Tensor | None, order: Tensor,
         gz = torch.empty_like(g) if need_z else g  # g: a placeholder the kernel does not touch
         gw = torch.empty_like(g) if need_w else g
         zz = g if z is None else z.detach().contiguous()
-        ww = g if w is None else w.detach().contiguous()
-        _cpu.kernel("project_bwd", g.dtype)(g.numpy(), zz.numpy(), order.numpy(), ww.numpy(), bid.numpy(), ctx.kl,
-                                            need_z, need_w, gz.numpy(), gw.numpy())
+        ww = g[:ctx.rows[1]] if w is None else w.detach().contiguous()
+        _cpu.kernel("project_bwd", g.dtype)(g.numpy(), zz.numpy(), order.numpy(), ww.numpy(), worder.numpy(),
+                                            bid.numpy(), ctx.kl, need_z, need_w, gz.numpy(), gw.numpy())
     else:
-        gz, gw = _vjp_ops(g, z, w, order, bid, ctx.kl, need_w)
+        gz, gw = _vjp_ops(g, z, w, order, worder, bid, ctx.kl, need_w)
     # a single row shared by the batch (z of the soft sort, w of the soft rank) gets the sum of the rows
     if need_z and ctx.rows[0] != gz.shape[0]:
         gz = gz.sum(0, keepdim=True)
     if need_w and ctx.rows[1] != gw.shape[0]:
         gw = gw.sum(0, keepdim=True)
-    return (gz if need_z else None), gw, None, None
+    return (gz if need_z else None), (gw if need_w else None), None, None, None
 
 
 class _Projection(torch.autograd.Function):
-    """μ = P(z, w): the projection of z (1 or B, n) onto the permutahedron of w (1 or B, n; sorted descending), l2
-    (P_Q) or kl (P_E, in log space) (Blondel et al. 2020, Prop. 3 and §5), differentiable in both z and w; a single
-    row is shared by the batch.
+    """μ = P(z, w): the projection of z (1 or B, n) onto the permutahedron of w (1 or B, n), l2 (P_Q) or kl (P_E,
+    in log space) (Blondel et al. 2020, Prop. 3 and §5), differentiable in both z and w; a single row is shared by
+    the batch; ``z_how`` / ``w_how`` say whether a row is presorted (:data:`SORT`).
 
-    Returns (μ (B, n), order, block) with the last two int64 and non-differentiable (saved for the backward,
-    :func:`_backward`). This form (``setup_context``, a vmap rule, the kernel as a custom op while compiling) is
-    the one torch.func and torch.compile need; eager calls take :class:`_ProjectionEager`.
+    Returns (μ (B, n), order, worder, block) with the last three int64 and non-differentiable (saved for the
+    backward, :func:`_backward`). This form (``setup_context``, vmap and jvp rules, the kernel as a custom op while
+    compiling) is the one torch.func and torch.compile need; eager calls take :class:`_ProjectionEager`.
     """
 
     @staticmethod
-    def forward(z: Tensor, w: Tensor, kl: bool, z_sorted: int) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int) -> tuple[Tensor, ...]:
         if torch.compiler.is_compiling():
-            return _project_op(z, w, kl, z_sorted)
-        return _fresh(_project_impl(z, w, kl, z_sorted), z_sorted)
+            return _project_op(z, w, kl, z_how, w_how)
+        return _fresh(_project_impl(z, w, kl, z_how, w_how), z_how, w_how)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        z, w, kl, _ = inputs
-        _, order, bid = output
-        ctx.mark_non_differentiable(order, bid)
-        ctx.save_for_backward(z if kl else None, w if kl else None, order, bid)
-        ctx.save_for_forward(z, w, order, bid)
+        z, w, kl, _, _ = inputs
+        _, order, worder, bid = output
+        ctx.mark_non_differentiable(order, worder, bid)
+        ctx.save_for_backward(z if kl else None, w if kl else None, order, worder, bid)
+        ctx.save_for_forward(z, w, order, worder, bid)
         ctx.kl, ctx.rows = kl, (z.shape[0], w.shape[0])
 
     @staticmethod
-    def backward(ctx, g: Tensor, _g_order, _g_bid):
+    def backward(ctx, g: Tensor, _g_order, _g_worder, _g_bid):
         return _backward(ctx, g, *ctx.saved_tensors)
 
     @staticmethod
-    def jvp(ctx, dz: Tensor | None, dw: Tensor | None, _kl, _z_sorted):
-        z, w, order, bid = ctx.saved_tensors
-        return _jvp_ops(dz, dw, z, w, order, bid, ctx.kl), None, None
+    def jvp(ctx, dz: Tensor | None, dw: Tensor | None, _kl, _z_how, _w_how):
+        return _jvp_ops(dz, dw, *ctx.saved_tensors, ctx.kl), None, None, None
 
     @staticmethod
-    def vmap(info, in_dims, z: Tensor, w: Tensor, kl: bool, z_sorted: int):
+    def vmap(info, in_dims, z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int):
         """Fold the vmapped dimension into the batch, (V, B, n) -> (V·B, n); a shared unbatched row stays shared."""
         V = info.batch_size
         xs = [x if d is None else x.movedim(d, 0) for x, d in zip((z, w), in_dims[:2])]
         B = max(x.shape[-2] for x in xs)
         n = z.shape[-1]
-        flat = [x if d is None and x.shape[0] == 1 else x.expand(V, B, n).reshape(V * B, n)
-                for x, d in zip(xs, in_dims[:2])]
-        mu, order, bid = _Projection.apply(flat[0], flat[1], kl, z_sorted)
-        order_dim = None if order.shape[0] == 1 and flat[0] is xs[0] else 0
-        if order_dim == 0:
-            order = order.reshape(V, B, n)
-        return (mu.reshape(V, B, n), order, bid.reshape(V, B, n)), (0, order_dim, 0)
+        shared = [d is None and x.shape[0] == 1 for x, d in zip(xs, in_dims[:2])]
+        flat = [x if sh else x.expand(V, B, n).reshape(V * B, n) for x, sh in zip(xs, shared)]
+        mu, order, worder, bid = _Projection.apply(flat[0], flat[1], kl, z_how, w_how)
+        orders = [o if sh else o.reshape(V, B, n) for o, sh in zip((order, worder), shared)]
+        return (mu.reshape(V, B, n), *orders, bid.reshape(V, B, n)), (0, None if shared[0] else 0,
+                                                                     None if shared[1] else 0, 0)
 
 
 class _ProjectionEager(torch.autograd.Function):
@@ -225,8 +238,8 @@ class _ProjectionEager(torch.autograd.Function):
     more than the whole projection of n = 100 items), and each extra output costs a wrapper too."""
 
     @staticmethod
-    def forward(ctx, z: Tensor, w: Tensor, kl: bool, z_sorted: int) -> Tensor:
-        mu, ctx.order, ctx.bid = _project_impl(z, w, kl, z_sorted)  # int64, no autograd: plain attributes
+    def forward(ctx, z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int) -> Tensor:
+        mu, ctx.order, ctx.worder, ctx.bid = _project_impl(z, w, kl, z_how, w_how)  # int64: plain attributes
         if kl:
             ctx.save_for_backward(z, w)
         ctx.kl, ctx.rows = kl, (z.shape[0], w.shape[0])
@@ -235,14 +248,14 @@ class _ProjectionEager(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: Tensor):
         z, w = ctx.saved_tensors if ctx.kl else (None, None)
-        return _backward(ctx, g, z, w, ctx.order, ctx.bid)
+        return _backward(ctx, g, z, w, ctx.order, ctx.worder, ctx.bid)
 
 
-def _project(z: Tensor, w: Tensor, kl: bool, z_sorted: int = 0) -> Tensor:
+def _project(z: Tensor, w: Tensor, kl: bool, z_how: int = SORT, w_how: int = DESCENDING) -> Tensor:
     """μ = P(z, w) (see :class:`_Projection`), through the Function that fits the context."""
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
-        return _Projection.apply(z, w, kl, z_sorted)[0]
-    return _ProjectionEager.apply(z, w, kl, z_sorted)
+        return _Projection.apply(z, w, kl, z_how, w_how)[0]
+    return _ProjectionEager.apply(z, w, kl, z_how, w_how)
 
 
 _CONSTANTS: dict[tuple, Tensor] = {}
@@ -330,8 +343,7 @@ class FastSoftSort(RankingOperator):
     def _soft_sort(self, scores: Tensor) -> Tensor:
         """Soft sort, descending (paper §5 "soft sorting"): P(ρ/ε, sort(θ)) (l2: Σ = Σ θ exactly; kl: Σ e^out =
         Σ e^θ), ``-torchsort.soft_sort(-θ)``; a learnable β enters as ρβ."""
-        return _project(self._sort_z(scores, 1), scores.sort(dim=-1, descending=True).values,
-                        self.regularization == "kl", 1)
+        return _project(self._sort_z(scores, 1), scores, self.regularization == "kl", DESCENDING, SORT)
 
     # torchsort's ascending forms, for diffrank.compat.torchsort (through RankingOperator._per_item: validated)
     def _soft_rank_ascending(self, scores: Tensor) -> Tensor:
@@ -340,12 +352,11 @@ class FastSoftSort(RankingOperator):
 
     def _soft_sort_ascending(self, scores: Tensor) -> Tensor:
         """``torchsort.soft_sort(θ)`` = -P(ρ/ε, sort(-θ)); for l2 that is P_Q(-ρ/ε, sort(θ)) (the projection onto
-        -P(w) is the negated projection of -z onto P(w)), which needs no negation of the input or the output. The
-        descending sort is the ascending one reversed, which orders tied values as torchsort's sort of -θ does (tied
-        items get different gradients, so the order decides which gets which)."""
+        -P(w) is the negated projection of -z onto P(w)), which needs no negation of the input or the output; θ is
+        read in the order torchsort's sort of -θ gives tied values (:data:`SORT_AS_NEGATED`)."""
         if self.regularization == "kl":
             return -self._soft_sort(-scores)
-        return _project(self._sort_z(scores, -1), scores.sort(dim=-1).values.flip(-1), False, -1)
+        return _project(self._sort_z(scores, -1), scores, False, ASCENDING, SORT_AS_NEGATED)
 
     def _rank(self, scores: Tensor, scale: float | Tensor) -> Tensor:
         kl = self.regularization == "kl"
