@@ -51,22 +51,24 @@ REGULARIZATIONS = ("l2", "kl")
 DESCENDING, ASCENDING, SORT, SORT_AS_NEGATED = 1, -1, 0, 2
 
 
-def _order(x: Tensor, how: int) -> Tensor:
-    """The int64 indices that read each row of ``x`` (1 or B, n) in descending order (see :data:`SORT`)."""
+def _order(x: Tensor, how: int, descending: bool = True) -> Tensor:
+    """The int64 indices that read each row of ``x`` (1 or B, n) in descending order (ascending with
+    ``descending=False``: the order of -x; see :data:`SORT`)."""
     if how in (DESCENDING, ASCENDING):
         order = _arange(x.shape[-1], how == DESCENDING, x.device)
         return order if x.shape[0] == 1 else order.expand(x.shape).contiguous()
     if how == SORT:
-        return torch.sort(x, dim=-1, descending=True)[1]
+        return torch.sort(x, dim=-1, descending=descending)[1]
     return torch.sort(x, dim=-1)[1].flip(-1)
 
 
-def _project_impl(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int) -> tuple[Tensor, ...]:
+def _project_impl(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int, scale: float) -> tuple[Tensor, ...]:
     """(μ (B, n), order (like z), worder (like w), block (B, n)) of :class:`_Projection` through the CPU kernel;
     ``z`` and ``w`` are (1 or B, n), a single row shared by the batch, read in the orders ``z_how`` / ``w_how``
-    (:data:`SORT`; a cached order for a presorted row, see :func:`_fresh`). CUDA inputs go to the host and back."""
+    (:data:`SORT`; a cached order for a presorted row, see :func:`_fresh`); the projected point is ``scale·z``.
+    CUDA inputs go to the host and back."""
     z, w = z.detach(), w.detach()
-    order, worder = _order(z, z_how), _order(w, w_how)
+    order, worder = _order(z, z_how, scale > 0), _order(w, w_how)
     dev = z.device
     if dev.type != "cpu":
         z, order, w, worder = z.cpu(), order.cpu(), w.cpu(), worder.cpu()
@@ -77,7 +79,7 @@ def _project_impl(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int) -> tup
     shape = (max(z.shape[0], w.shape[0]), z.shape[1])
     mu = z.new_empty(shape)
     bid = order.new_empty(shape)
-    _cpu.kernel("project_fwd", z.dtype)(z.numpy(), order.numpy(), w.numpy(), worder.numpy(), kl, mu.numpy(),
+    _cpu.kernel("project_fwd", z.dtype)(z.numpy(), scale, order.numpy(), w.numpy(), worder.numpy(), kl, mu.numpy(),
                                         bid.numpy())
     if dev.type != "cpu":
         return mu.to(dev), order.to(dev), worder.to(dev), bid.to(dev)
@@ -94,14 +96,15 @@ def _fresh(out: tuple[Tensor, ...], z_how: int, w_how: int) -> tuple[Tensor, ...
 
 
 @torch.library.custom_op("diffrank::fast_soft_sort_project", mutates_args=())
-def _project_op(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _project_op(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int,
+                scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """:func:`_project_impl` as an operator that ``torch.compile`` does not trace into (numba / the compiled
     module are opaque to dynamo; tracing numba's dispatcher crashed it)."""
-    return _fresh(_project_impl(z, w, kl, z_how, w_how), z_how, w_how)
+    return _fresh(_project_impl(z, w, kl, z_how, w_how, scale), z_how, w_how)
 
 
 @_project_op.register_fake
-def _(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int, scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     shape = (max(z.shape[0], w.shape[0]), z.shape[1])
     return (z.new_empty(shape), z.new_empty(z.shape, dtype=torch.int64), z.new_empty(w.shape, dtype=torch.int64),
             z.new_empty(shape, dtype=torch.int64))
@@ -131,25 +134,25 @@ def _weights(z: Tensor | None, w: Tensor | None, order: Tensor, worder: Tensor, 
 
 
 def _vjp_ops(g: Tensor, z: Tensor | None, w: Tensor | None, order: Tensor, worder: Tensor, bid: Tensor, kl: bool,
-             need_w: bool) -> tuple[Tensor, Tensor | None]:
+             need_w: bool, scale: float) -> tuple[Tensor, Tensor | None]:
     """The VJP of :func:`_cpu.project_bwd` in differentiable tensor operations: what double backward, torch.func
     transforms and torch.compile differentiate (for kl the block softmax depends on z and w). Returns (B, n)
     gradients in z's and w's order; the caller sums a shared input's."""
     order, worder = order.expand_as(g), worder.expand_as(g)
     gs = g.gather(-1, order)
     tot = _block_sum(gs, bid)
-    p, q = _weights(z, w, order, worder, bid, kl, g.dtype)
-    gz = torch.zeros_like(gs).scatter(-1, order, gs - p * tot)
+    p, q = _weights(None if z is None else z * scale, w, order, worder, bid, kl, g.dtype)
+    gz = torch.zeros_like(gs).scatter(-1, order, (gs - p * tot) * scale)
     return gz, (torch.zeros_like(gs).scatter(-1, worder, q * tot) if need_w else None)
 
 
 def _jvp_ops(dz: Tensor | None, dw: Tensor | None, z: Tensor, w: Tensor, order: Tensor, worder: Tensor,
-             bid: Tensor, kl: bool) -> Tensor:
+             bid: Tensor, kl: bool, scale: float) -> Tensor:
     """The JVP of the projection (forward mode: ``torch.func.jvp``, ``jacfwd``, ``hessian``), in differentiable
     tensor operations: per block dμ_i = ds_i - (Σ p ds - Σ q dw_sorted) with p, q of :func:`_weights`."""
     order, worder = order.expand(bid.shape), worder.expand(bid.shape)
-    p, q = _weights(z, w, order, worder, bid, kl, z.dtype)
-    ds = dz.expand(bid.shape).gather(-1, order) if dz is not None else torch.zeros_like(p)
+    p, q = _weights(z * scale, w, order, worder, bid, kl, z.dtype)
+    ds = dz.expand(bid.shape).gather(-1, order) * scale if dz is not None else torch.zeros_like(p)
     dv = _block_sum(ds * p, bid)
     if dw is not None:
         dv = dv - _block_sum(dw.expand(bid.shape).gather(-1, worder) * q, bid)
@@ -172,16 +175,17 @@ def _backward(ctx, g: Tensor, z: Tensor | None, w: Tensor | None, order: Tensor,
         gw = torch.empty_like(g) if need_w else g
         zz = g if z is None else z.detach().contiguous()
         ww = g[:ctx.rows[1]] if w is None else w.detach().contiguous()
-        _cpu.kernel("project_bwd", g.dtype)(g.numpy(), zz.numpy(), order.numpy(), ww.numpy(), worder.numpy(),
-                                            bid.numpy(), ctx.kl, need_z, need_w, gz.numpy(), gw.numpy())
+        _cpu.kernel("project_bwd", g.dtype)(g.numpy(), zz.numpy(), ctx.scale, order.numpy(), ww.numpy(),
+                                            worder.numpy(), bid.numpy(), ctx.kl, need_z, need_w, gz.numpy(),
+                                            gw.numpy())
     else:
-        gz, gw = _vjp_ops(g, z, w, order, worder, bid, ctx.kl, need_w)
+        gz, gw = _vjp_ops(g, z, w, order, worder, bid, ctx.kl, need_w, ctx.scale)
     # a single row shared by the batch (z of the soft sort, w of the soft rank) gets the sum of the rows
     if need_z and ctx.rows[0] != gz.shape[0]:
         gz = gz.sum(0, keepdim=True)
     if need_w and ctx.rows[1] != gw.shape[0]:
         gw = gw.sum(0, keepdim=True)
-    return (gz if need_z else None), (gw if need_w else None), None, None, None
+    return (gz if need_z else None), (gw if need_w else None), None, None, None, None
 
 
 class _Projection(torch.autograd.Function):
@@ -195,30 +199,30 @@ class _Projection(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int) -> tuple[Tensor, ...]:
+    def forward(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int, scale: float) -> tuple[Tensor, ...]:
         if torch.compiler.is_compiling():
-            return _project_op(z, w, kl, z_how, w_how)
-        return _fresh(_project_impl(z, w, kl, z_how, w_how), z_how, w_how)
+            return _project_op(z, w, kl, z_how, w_how, scale)
+        return _fresh(_project_impl(z, w, kl, z_how, w_how, scale), z_how, w_how)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        z, w, kl, _, _ = inputs
+        z, w, kl, _, _, scale = inputs
         _, order, worder, bid = output
         ctx.mark_non_differentiable(order, worder, bid)
         ctx.save_for_backward(z if kl else None, w if kl else None, order, worder, bid)
         ctx.save_for_forward(z, w, order, worder, bid)
-        ctx.kl, ctx.rows = kl, (z.shape[0], w.shape[0])
+        ctx.kl, ctx.rows, ctx.scale = kl, (z.shape[0], w.shape[0]), scale
 
     @staticmethod
     def backward(ctx, g: Tensor, _g_order, _g_worder, _g_bid):
         return _backward(ctx, g, *ctx.saved_tensors)
 
     @staticmethod
-    def jvp(ctx, dz: Tensor | None, dw: Tensor | None, _kl, _z_how, _w_how):
-        return _jvp_ops(dz, dw, *ctx.saved_tensors, ctx.kl), None, None, None
+    def jvp(ctx, dz: Tensor | None, dw: Tensor | None, _kl, _z_how, _w_how, _scale):
+        return _jvp_ops(dz, dw, *ctx.saved_tensors, ctx.kl, ctx.scale), None, None, None
 
     @staticmethod
-    def vmap(info, in_dims, z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int):
+    def vmap(info, in_dims, z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int, scale: float):
         """Fold the vmapped dimension into the batch, (V, B, n) -> (V·B, n); a shared unbatched row stays shared."""
         V = info.batch_size
         xs = [x if d is None else x.movedim(d, 0) for x, d in zip((z, w), in_dims[:2])]
@@ -226,7 +230,7 @@ class _Projection(torch.autograd.Function):
         n = z.shape[-1]
         shared = [d is None and x.shape[0] == 1 for x, d in zip(xs, in_dims[:2])]
         flat = [x if sh else x.expand(V, B, n).reshape(V * B, n) for x, sh in zip(xs, shared)]
-        mu, order, worder, bid = _Projection.apply(flat[0], flat[1], kl, z_how, w_how)
+        mu, order, worder, bid = _Projection.apply(flat[0], flat[1], kl, z_how, w_how, scale)
         orders = [o if sh else o.reshape(V, B, n) for o, sh in zip((order, worder), shared)]
         return (mu.reshape(V, B, n), *orders, bid.reshape(V, B, n)), (0, None if shared[0] else 0,
                                                                      None if shared[1] else 0, 0)
@@ -238,11 +242,11 @@ class _ProjectionEager(torch.autograd.Function):
     more than the whole projection of n = 100 items), and each extra output costs a wrapper too."""
 
     @staticmethod
-    def forward(ctx, z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int) -> Tensor:
-        mu, ctx.order, ctx.worder, ctx.bid = _project_impl(z, w, kl, z_how, w_how)  # int64: plain attributes
+    def forward(ctx, z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int, scale: float) -> Tensor:
+        mu, ctx.order, ctx.worder, ctx.bid = _project_impl(z, w, kl, z_how, w_how, scale)  # int64: attributes
         if kl:
             ctx.save_for_backward(z, w)
-        ctx.kl, ctx.rows = kl, (z.shape[0], w.shape[0])
+        ctx.kl, ctx.rows, ctx.scale = kl, (z.shape[0], w.shape[0]), scale
         return mu
 
     @staticmethod
@@ -251,11 +255,12 @@ class _ProjectionEager(torch.autograd.Function):
         return _backward(ctx, g, z, w, ctx.order, ctx.worder, ctx.bid)
 
 
-def _project(z: Tensor, w: Tensor, kl: bool, z_how: int = SORT, w_how: int = DESCENDING) -> Tensor:
-    """μ = P(z, w) (see :class:`_Projection`), through the Function that fits the context."""
+def _project(z: Tensor, w: Tensor, kl: bool, z_how: int = SORT, w_how: int = DESCENDING,
+             scale: float = 1.0) -> Tensor:
+    """μ = P(scale·z, w) (see :class:`_Projection`), through the Function that fits the context."""
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
-        return _Projection.apply(z, w, kl, z_how, w_how)[0]
-    return _ProjectionEager.apply(z, w, kl, z_how, w_how)
+        return _Projection.apply(z, w, kl, z_how, w_how, scale)[0]
+    return _ProjectionEager.apply(z, w, kl, z_how, w_how, scale)
 
 
 _CONSTANTS: dict[tuple, Tensor] = {}
@@ -360,7 +365,11 @@ class FastSoftSort(RankingOperator):
 
     def _rank(self, scores: Tensor, scale: float | Tensor) -> Tensor:
         kl = self.regularization == "kl"
-        mu = _project(scores * scale, _rho(scores.shape[-1], scores, log=kl), kl)
+        rho = _rho(scores.shape[-1], scores, log=kl)
+        if isinstance(scale, Tensor):  # a learnable β: scaled here, for autograd
+            mu = _project(scores * scale, rho, kl)
+        else:  # scaled inside the kernel: no scaled copy, no extra node in the graph
+            mu = _project(scores, rho, kl, scale=scale)
         return mu.exp() if kl else mu
 
     def _sort_z(self, scores: Tensor, sign: int) -> Tensor:

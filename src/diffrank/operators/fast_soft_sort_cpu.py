@@ -45,11 +45,12 @@ import numpy as np
 TOL = 1e-9  # the authors' partition tolerance (fast_soft_sort.numpy_ops._partition; torchsort's partition())
 
 
-def project_fwd(z, order, w, worder, kl, mu, bid):  # pragma: no cover - compiled
-    """Projection of every row: ``mu[b, order[b, i]] = s[b, i] - v[b, i]`` with ``s[b, i] = z[b, order[b, i]]``;
+def project_fwd(z, scale, order, w, worder, kl, mu, bid):  # pragma: no cover - compiled
+    """Projection of every row: ``mu[b, order[b, i]] = s[b, i] - v[b, i]`` with ``s[b, i] = scale·z[b, order[b, i]]``;
     ``bid[b, i]`` = the Jacobian block (0, 1, ...) of sorted position i.
 
-    ``z`` (1 or B, n) and ``order`` (same shape, int64) sorting each row descending; ``w`` (1 or B, n) and
+    ``z`` (1 or B, n) and ``order`` (same shape, int64) sorting each row of scale·z descending (``scale`` folds the
+    caller's 1/ε into the kernel: no scaled copy); ``w`` (1 or B, n) and
     ``worder`` (same shape) sorting it descending (the sorted w is ``w[b, worder[b, i]]``); a single row is shared
     by the B rows of ``mu`` (B, n) and ``bid`` (B, n, int64), which are written. ``kl`` the regularization. (Both
     are read through their orders: no sorted copies, and a row that is already sorted needs no work.)
@@ -66,10 +67,10 @@ def project_fwd(z, order, w, worder, kl, mu, bid):  # pragma: no cover - compile
         nb = 0
         for i in range(n):
             if kl:
-                a1 = float(z[zb, order[zb, i]])
+                a1 = scale * z[zb, order[zb, i]]
                 a2 = float(w[wb, worder[wb, i]])
             else:
-                a1 = float(z[zb, order[zb, i]]) - float(w[wb, worder[wb, i]])
+                a1 = scale * z[zb, order[zb, i]] - float(w[wb, worder[wb, i]])
                 a2 = 1.0
             st = i
             while nb > 0:
@@ -113,18 +114,18 @@ def project_fwd(z, order, w, worder, kl, mu, bid):  # pragma: no cover - compile
             else:
                 # μ = s - mean / LSE(s_B) + mean / LSE(w_B), each taken relative to the block's first entry: s - v
                 # cancels catastrophically once |s| is large next to w (|s| >= 1e10 gave ranks [0, 0, 0, 4, 0, 0])
-                s0 = float(z[zb, order[zb, a]])
+                s0 = scale * z[zb, order[zb, a]]
                 w0 = float(w[wb, worder[wb, a]])
                 if kl:
                     ms = 0.0
                     mw = 0.0
                     for m in range(a, e):
-                        ms = max(ms, z[zb, order[zb, m]] - s0)
+                        ms = max(ms, scale * z[zb, order[zb, m]] - s0)
                         mw = max(mw, w[wb, worder[wb, m]] - w0)
                     ts = 0.0
                     tw = 0.0
                     for m in range(a, e):
-                        ts += math.exp(z[zb, order[zb, m]] - s0 - ms)
+                        ts += math.exp(scale * z[zb, order[zb, m]] - s0 - ms)
                         tw += math.exp(w[wb, worder[wb, m]] - w0 - mw)
                     cs = ms + math.log(ts)
                     cw = mw + math.log(tw)
@@ -132,23 +133,23 @@ def project_fwd(z, order, w, worder, kl, mu, bid):  # pragma: no cover - compile
                     cs = 0.0
                     cw = 0.0
                     for m in range(a, e):
-                        cs += z[zb, order[zb, m]] - s0
+                        cs += scale * z[zb, order[zb, m]] - s0
                         cw += w[wb, worder[wb, m]] - w0
                     cs /= e - a
                     cw /= e - a
                 for m in range(a, e):
                     wm = w[wb, worder[wb, m]]
-                    mu[b, order[zb, m]] = ((z[zb, order[zb, m]] - s0) - cs) - ((wm - w0) - cw) + wm
+                    mu[b, order[zb, m]] = ((scale * z[zb, order[zb, m]] - s0) - cs) - ((wm - w0) - cw) + wm
                     bid[b, m] = nf
             nf += 1
             j = k
 
 
-def project_bwd(g, z, order, w, worder, bid, kl, need_z, need_w, gz, gw):  # pragma: no cover - compiled
+def project_bwd(g, z, scale, order, w, worder, bid, kl, need_z, need_w, gz, gw):  # pragma: no cover - compiled
     """VJP of :func:`project_fwd` for a cotangent ``g`` (B, n) in z's order: if ``need_z``, ``gz`` (B, n, z's
     order) and, if ``need_w``, ``gw`` (B, n, w's order); the caller sums a shared input's rows.
 
-    Per block B with T = Σ_{i ∈ B} g_i: gz_i = g_i - p_i T and gw_i = q_i T, p = q = 1/|B| (l2) or
+    Per block B with T = Σ_{i ∈ B} g_i: gz_i = scale·(g_i - p_i T) and gw_i = q_i T, p = q = 1/|B| (l2) or
     p = softmax(s_B), q = softmax(w_B) (kl); ``z`` (1 or B, n, like ``order``) is read only for kl (s = z[order]).
     """
     B, n = g.shape
@@ -174,23 +175,24 @@ def project_bwd(g, z, order, w, worder, bid, kl, need_z, need_w, gz, gw):  # pra
                 c = tot / (e - a)
                 for m in range(a, e):
                     if need_z:
-                        gz[b, order[zb, m]] = g[b, order[zb, m]] - c
+                        gz[b, order[zb, m]] = scale * (g[b, order[zb, m]] - c)
                     if need_w:
                         gw[b, worder[wb, m]] = c
             else:
                 hs = -math.inf
                 hw = -math.inf
                 for m in range(a, e):
-                    hs = max(hs, z[zb, order[zb, m]])
+                    hs = max(hs, scale * z[zb, order[zb, m]])
                     hw = max(hw, w[wb, worder[wb, m]])
                 ts = 0.0
                 tw = 0.0
                 for m in range(a, e):
-                    ts += math.exp(z[zb, order[zb, m]] - hs)
+                    ts += math.exp(scale * z[zb, order[zb, m]] - hs)
                     tw += math.exp(w[wb, worder[wb, m]] - hw)
                 for m in range(a, e):
                     if need_z:
-                        gz[b, order[zb, m]] = g[b, order[zb, m]] - math.exp(z[zb, order[zb, m]] - hs) / ts * tot
+                        pm = math.exp(scale * z[zb, order[zb, m]] - hs) / ts
+                        gz[b, order[zb, m]] = scale * (g[b, order[zb, m]] - pm * tot)
                     if need_w:
                         gw[b, worder[wb, m]] = math.exp(w[wb, worder[wb, m]] - hw) / tw * tot
             a = e
@@ -199,8 +201,8 @@ def project_bwd(g, z, order, w, worder, bid, kl, need_z, need_w, gz, gw):  # pra
 def _signatures(dtype: str) -> dict[str, str]:
     """The pycc signatures of the two kernels for one float dtype (``"f4"`` / ``"f8"``): C-contiguous 2-D arrays."""
     f, i = f"{dtype}[:, ::1]", "i8[:, ::1]"
-    return {"project_fwd": f"void({f}, {i}, {f}, {i}, b1, {f}, {i})",
-            "project_bwd": f"void({f}, {f}, {i}, {f}, {i}, {i}, b1, b1, b1, {f}, {f})"}
+    return {"project_fwd": f"void({f}, f8, {i}, {f}, {i}, b1, {f}, {i})",
+            "project_bwd": f"void({f}, {f}, f8, {i}, {f}, {i}, {i}, b1, b1, b1, {f}, {f})"}
 
 
 def _aot_name() -> str:
