@@ -59,7 +59,13 @@ def _order(x: Tensor, how: int, descending: bool = True) -> Tensor:
         return order if x.shape[0] == 1 else order.expand(x.shape).contiguous()
     if how == SORT:
         return torch.sort(x, dim=-1, descending=descending)[1]
-    return torch.sort(x, dim=-1)[1].flip(-1)
+    return torch.sort(x, dim=-1)[1]  # ascending: SORT_AS_NEGATED rows are read from the end (_desc)
+
+
+def _desc(worder: Tensor, w_how: int) -> Tensor:
+    """``worder`` as indices that read w descending (:data:`SORT_AS_NEGATED` keeps the ascending order: the kernel
+    reads it from the end; the tensor operations need it reversed)."""
+    return worder.flip(-1) if w_how == SORT_AS_NEGATED else worder
 
 
 def _project_impl(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int, scale: float) -> tuple[Tensor, ...]:
@@ -79,8 +85,8 @@ def _project_impl(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int, scale:
     shape = (max(z.shape[0], w.shape[0]), z.shape[1])
     mu = z.new_empty(shape)
     bid = order.new_empty(shape)
-    _cpu.kernel("project_fwd", z.dtype)(z.numpy(), scale, order.numpy(), w.numpy(), worder.numpy(), kl, mu.numpy(),
-                                        bid.numpy())
+    _cpu.kernel("project_fwd", z.dtype)(z.numpy(), scale, order.numpy(), w.numpy(), worder.numpy(),
+                                        w_how == SORT_AS_NEGATED, kl, mu.numpy(), bid.numpy())
     if dev.type != "cpu":
         return mu.to(dev), order.to(dev), worder.to(dev), bid.to(dev)
     return mu, order, worder, bid
@@ -176,10 +182,10 @@ def _backward(ctx, g: Tensor, z: Tensor | None, w: Tensor | None, order: Tensor,
         zz = g if z is None else z.detach().contiguous()
         ww = g[:ctx.rows[1]] if w is None else w.detach().contiguous()
         _cpu.kernel("project_bwd", g.dtype)(g.numpy(), zz.numpy(), ctx.scale, order.numpy(), ww.numpy(),
-                                            worder.numpy(), bid.numpy(), ctx.kl, need_z, need_w, gz.numpy(),
-                                            gw.numpy())
+                                            worder.numpy(), ctx.w_how == SORT_AS_NEGATED, bid.numpy(), ctx.kl, need_z,
+                                            need_w, gz.numpy(), gw.numpy())
     else:
-        gz, gw = _vjp_ops(g, z, w, order, worder, bid, ctx.kl, need_w, ctx.scale)
+        gz, gw = _vjp_ops(g, z, w, order, _desc(worder, ctx.w_how), bid, ctx.kl, need_w, ctx.scale)
     # a single row shared by the batch (z of the soft sort, w of the soft rank) gets the sum of the rows
     if need_z and ctx.rows[0] != gz.shape[0]:
         gz = gz.sum(0, keepdim=True)
@@ -206,12 +212,12 @@ class _Projection(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        z, w, kl, _, _, scale = inputs
+        z, w, kl, _, w_how, scale = inputs
         _, order, worder, bid = output
         ctx.mark_non_differentiable(order, worder, bid)
         ctx.save_for_backward(z if kl else None, w if kl else None, order, worder, bid)
         ctx.save_for_forward(z, w, order, worder, bid)
-        ctx.kl, ctx.rows, ctx.scale = kl, (z.shape[0], w.shape[0]), scale
+        ctx.kl, ctx.rows, ctx.scale, ctx.w_how = kl, (z.shape[0], w.shape[0]), scale, w_how
 
     @staticmethod
     def backward(ctx, g: Tensor, _g_order, _g_worder, _g_bid):
@@ -219,7 +225,8 @@ class _Projection(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, dz: Tensor | None, dw: Tensor | None, _kl, _z_how, _w_how, _scale):
-        return _jvp_ops(dz, dw, *ctx.saved_tensors, ctx.kl, ctx.scale), None, None, None
+        z, w, order, worder, bid = ctx.saved_tensors
+        return _jvp_ops(dz, dw, z, w, order, _desc(worder, ctx.w_how), bid, ctx.kl, ctx.scale), None, None, None
 
     @staticmethod
     def vmap(info, in_dims, z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int, scale: float):
@@ -246,7 +253,7 @@ class _ProjectionEager(torch.autograd.Function):
         mu, ctx.order, ctx.worder, ctx.bid = _project_impl(z, w, kl, z_how, w_how, scale)  # int64: attributes
         if kl:
             ctx.save_for_backward(z, w)
-        ctx.kl, ctx.rows, ctx.scale = kl, (z.shape[0], w.shape[0]), scale
+        ctx.kl, ctx.rows, ctx.scale, ctx.w_how = kl, (z.shape[0], w.shape[0]), scale, w_how
         return mu
 
     @staticmethod

@@ -45,17 +45,19 @@ import numpy as np
 TOL = 1e-9  # the authors' partition tolerance (fast_soft_sort.numpy_ops._partition; torchsort's partition())
 
 
-def project_fwd(z, scale, order, w, worder, kl, mu, bid):  # pragma: no cover - compiled
+def project_fwd(z, scale, order, w, worder, wrev, kl, mu, bid):  # pragma: no cover - compiled
     """Projection of every row: ``mu[b, order[b, i]] = s[b, i] - v[b, i]`` with ``s[b, i] = scale·z[b, order[b, i]]``;
     ``bid[b, i]`` = the Jacobian block (0, 1, ...) of sorted position i.
 
     ``z`` (1 or B, n) and ``order`` (same shape, int64) sorting each row of scale·z descending (``scale`` folds the
     caller's 1/ε into the kernel: no scaled copy); ``w`` (1 or B, n) and
-    ``worder`` (same shape) sorting it descending (the sorted w is ``w[b, worder[b, i]]``); a single row is shared
+    ``worder`` (same shape) sorting it descending (the sorted w is ``w[b, worder[b, i]]``; with ``wrev``, ascending:
+    read from the end, which spares the caller a reversed copy); a single row is shared
     by the B rows of ``mu`` (B, n) and ``bid`` (B, n, int64), which are written. ``kl`` the regularization. (Both
     are read through their orders: no sorted copies, and a row that is already sorted needs no work.)
     """
     B, n = mu.shape
+    last = n - 1
     shared_z = z.shape[0] == 1
     shared_w = w.shape[0] == 1
     bstart = np.empty(n + 1, np.int64)
@@ -68,9 +70,9 @@ def project_fwd(z, scale, order, w, worder, kl, mu, bid):  # pragma: no cover - 
         for i in range(n):
             if kl:
                 a1 = scale * z[zb, order[zb, i]]
-                a2 = float(w[wb, worder[wb, i]])
+                a2 = float(w[wb, worder[wb, last - i if wrev else i]])
             else:
-                a1 = scale * z[zb, order[zb, i]] - float(w[wb, worder[wb, i]])
+                a1 = scale * z[zb, order[zb, i]] - float(w[wb, worder[wb, last - i if wrev else i]])
                 a2 = 1.0
             st = i
             while nb > 0:
@@ -109,24 +111,24 @@ def project_fwd(z, scale, order, w, worder, kl, mu, bid):  # pragma: no cover - 
                 k += 1
             a, e = bstart[j], bstart[k]
             if e - a == 1:  # a singleton's value is w exactly (integer ranks stay integers)
-                mu[b, order[zb, a]] = w[wb, worder[wb, a]]
+                mu[b, order[zb, a]] = w[wb, worder[wb, last - a if wrev else a]]
                 bid[b, a] = nf
             else:
                 # μ = s - mean / LSE(s_B) + mean / LSE(w_B), each taken relative to the block's first entry: s - v
                 # cancels catastrophically once |s| is large next to w (|s| >= 1e10 gave ranks [0, 0, 0, 4, 0, 0])
                 s0 = scale * z[zb, order[zb, a]]
-                w0 = float(w[wb, worder[wb, a]])
+                w0 = float(w[wb, worder[wb, last - a if wrev else a]])
                 if kl:
                     ms = 0.0
                     mw = 0.0
                     for m in range(a, e):
                         ms = max(ms, scale * z[zb, order[zb, m]] - s0)
-                        mw = max(mw, w[wb, worder[wb, m]] - w0)
+                        mw = max(mw, w[wb, worder[wb, last - m if wrev else m]] - w0)
                     ts = 0.0
                     tw = 0.0
                     for m in range(a, e):
                         ts += math.exp(scale * z[zb, order[zb, m]] - s0 - ms)
-                        tw += math.exp(w[wb, worder[wb, m]] - w0 - mw)
+                        tw += math.exp(w[wb, worder[wb, last - m if wrev else m]] - w0 - mw)
                     cs = ms + math.log(ts)
                     cw = mw + math.log(tw)
                 else:
@@ -134,18 +136,18 @@ def project_fwd(z, scale, order, w, worder, kl, mu, bid):  # pragma: no cover - 
                     cw = 0.0
                     for m in range(a, e):
                         cs += scale * z[zb, order[zb, m]] - s0
-                        cw += w[wb, worder[wb, m]] - w0
+                        cw += w[wb, worder[wb, last - m if wrev else m]] - w0
                     cs /= e - a
                     cw /= e - a
                 for m in range(a, e):
-                    wm = w[wb, worder[wb, m]]
+                    wm = w[wb, worder[wb, last - m if wrev else m]]
                     mu[b, order[zb, m]] = ((scale * z[zb, order[zb, m]] - s0) - cs) - ((wm - w0) - cw) + wm
                     bid[b, m] = nf
             nf += 1
             j = k
 
 
-def project_bwd(g, z, scale, order, w, worder, bid, kl, need_z, need_w, gz, gw):  # pragma: no cover - compiled
+def project_bwd(g, z, scale, order, w, worder, wrev, bid, kl, need_z, need_w, gz, gw):  # pragma: no cover - compiled
     """VJP of :func:`project_fwd` for a cotangent ``g`` (B, n) in z's order: if ``need_z``, ``gz`` (B, n, z's
     order) and, if ``need_w``, ``gw`` (B, n, w's order); the caller sums a shared input's rows.
 
@@ -153,6 +155,7 @@ def project_bwd(g, z, scale, order, w, worder, bid, kl, need_z, need_w, gz, gw):
     p = softmax(s_B), q = softmax(w_B) (kl); ``z`` (1 or B, n, like ``order``) is read only for kl (s = z[order]).
     """
     B, n = g.shape
+    last = n - 1
     shared_z = order.shape[0] == 1
     shared_w = w.shape[0] == 1
     for b in range(B):
@@ -170,39 +173,40 @@ def project_bwd(g, z, scale, order, w, worder, bid, kl, need_z, need_w, gz, gw):
                 if need_z:
                     gz[b, order[zb, a]] = 0.0
                 if need_w:
-                    gw[b, worder[wb, a]] = tot
+                    gw[b, worder[wb, last - a if wrev else a]] = tot
             elif not kl:
                 c = tot / (e - a)
                 for m in range(a, e):
                     if need_z:
                         gz[b, order[zb, m]] = scale * (g[b, order[zb, m]] - c)
                     if need_w:
-                        gw[b, worder[wb, m]] = c
+                        gw[b, worder[wb, last - m if wrev else m]] = c
             else:
                 hs = -math.inf
                 hw = -math.inf
                 for m in range(a, e):
                     hs = max(hs, scale * z[zb, order[zb, m]])
-                    hw = max(hw, w[wb, worder[wb, m]])
+                    hw = max(hw, w[wb, worder[wb, last - m if wrev else m]])
                 ts = 0.0
                 tw = 0.0
                 for m in range(a, e):
                     ts += math.exp(scale * z[zb, order[zb, m]] - hs)
-                    tw += math.exp(w[wb, worder[wb, m]] - hw)
+                    tw += math.exp(w[wb, worder[wb, last - m if wrev else m]] - hw)
                 for m in range(a, e):
                     if need_z:
                         pm = math.exp(scale * z[zb, order[zb, m]] - hs) / ts
                         gz[b, order[zb, m]] = scale * (g[b, order[zb, m]] - pm * tot)
                     if need_w:
-                        gw[b, worder[wb, m]] = math.exp(w[wb, worder[wb, m]] - hw) / tw * tot
+                        wj = worder[wb, last - m if wrev else m]
+                        gw[b, wj] = math.exp(w[wb, wj] - hw) / tw * tot
             a = e
 
 
 def _signatures(dtype: str) -> dict[str, str]:
     """The pycc signatures of the two kernels for one float dtype (``"f4"`` / ``"f8"``): C-contiguous 2-D arrays."""
     f, i = f"{dtype}[:, ::1]", "i8[:, ::1]"
-    return {"project_fwd": f"void({f}, f8, {i}, {f}, {i}, b1, {f}, {i})",
-            "project_bwd": f"void({f}, {f}, f8, {i}, {f}, {i}, {i}, b1, b1, b1, {f}, {f})"}
+    return {"project_fwd": f"void({f}, f8, {i}, {f}, {i}, b1, b1, {f}, {i})",
+            "project_bwd": f"void({f}, {f}, f8, {i}, {f}, {i}, b1, {i}, b1, b1, b1, {f}, {f})"}
 
 
 def _aot_name() -> str:
