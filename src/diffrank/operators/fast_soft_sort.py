@@ -68,10 +68,12 @@ def _desc(worder: Tensor, w_how: int) -> Tensor:
     return worder.flip(-1) if w_how == SORT_AS_NEGATED else worder
 
 
-def _project_impl(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int, scale: float) -> tuple[Tensor, ...]:
+def _project_impl(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int, scale: float,
+                  views: list | None = None) -> tuple[Tensor, ...]:
     """(μ (B, n), order (like z), worder (like w), block (B, n)) of :class:`_Projection` through the CPU kernel;
     ``z`` and ``w`` are (1 or B, n), a single row shared by the batch, read in the orders ``z_how`` / ``w_how``
     (:data:`SORT`; a cached order for a presorted row, see :func:`_fresh`); the projected point is ``scale·z``.
+    ``views`` (a list) receives the numpy views of the three int64 outputs on the CPU, for the backward kernel.
     CUDA inputs go to the host and back."""
     z, w = z.detach(), w.detach()
     order, worder = _order(z, z_how, scale > 0), _order(w, w_how)
@@ -85,8 +87,11 @@ def _project_impl(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int, scale:
     shape = (max(z.shape[0], w.shape[0]), z.shape[1])
     mu = z.new_empty(shape)
     bid = order.new_empty(shape)
-    _cpu.kernel("project_fwd", z.dtype)(z.numpy(), scale, order.numpy(), w.numpy(), worder.numpy(),
-                                        w_how == SORT_AS_NEGATED, kl, mu.numpy(), bid.numpy())
+    arrays = order.numpy(), worder.numpy(), bid.numpy()
+    _cpu.kernel("project_fwd", z.dtype)(z.numpy(), scale, arrays[0], w.numpy(), arrays[1], w_how == SORT_AS_NEGATED,
+                                        kl, mu.numpy(), arrays[2])
+    if views is not None and dev.type == "cpu":
+        views.extend(arrays)
     if dev.type != "cpu":
         return mu.to(dev), order.to(dev), worder.to(dev), bid.to(dev)
     return mu, order, worder, bid
@@ -176,14 +181,16 @@ def _backward(ctx, g: Tensor, z: Tensor | None, w: Tensor | None, order: Tensor,
     need_z, need_w = ctx.needs_input_grad[:2]
     if (not torch.is_grad_enabled() and type(g) is Tensor and g.is_cpu and not torch.compiler.is_compiling()
             and not torch._C._functorch.is_functorch_wrapped_tensor(g)):
-        g = g.contiguous()
-        gz = torch.empty_like(g) if need_z else g  # g: a placeholder the kernel does not touch
-        gw = torch.empty_like(g) if need_w else g
-        zz = g if z is None else z.detach().contiguous()
-        ww = g[:ctx.rows[1]] if w is None else w.detach().contiguous()
-        _cpu.kernel("project_bwd", g.dtype)(g.numpy(), zz.numpy(), ctx.scale, order.numpy(), ww.numpy(),
-                                            worder.numpy(), ctx.w_how == SORT_AS_NEGATED, bid.numpy(), ctx.kl, need_z,
-                                            need_w, gz.numpy(), gw.numpy())
+        gn = g.contiguous().numpy()
+        gz = torch.empty_like(g, memory_format=torch.contiguous_format) if need_z else None
+        gw = torch.empty_like(g, memory_format=torch.contiguous_format) if need_w else None
+        # gn stands in for what the kernel does not read (z, w for l2; an unneeded gradient)
+        zz = gn if z is None else z.detach().contiguous().numpy()
+        ww = gn[:ctx.rows[1]] if w is None else w.detach().contiguous().numpy()
+        views = getattr(ctx, "views", None) or (order.numpy(), worder.numpy(), bid.numpy())
+        _cpu.kernel("project_bwd", g.dtype)(gn, zz, ctx.scale, views[0], ww, views[1], ctx.w_how == SORT_AS_NEGATED,
+                                            views[2], ctx.kl, need_z, need_w, gn if gz is None else gz.numpy(),
+                                            gn if gw is None else gw.numpy())
     else:
         gz, gw = _vjp_ops(g, z, w, order, _desc(worder, ctx.w_how), bid, ctx.kl, need_w, ctx.scale)
     # a single row shared by the batch (z of the soft sort, w of the soft rank) gets the sum of the rows
@@ -250,7 +257,8 @@ class _ProjectionEager(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int, scale: float) -> Tensor:
-        mu, ctx.order, ctx.worder, ctx.bid = _project_impl(z, w, kl, z_how, w_how, scale)  # int64: attributes
+        ctx.views = []  # int64 outputs and their numpy views: plain attributes, no autograd
+        mu, ctx.order, ctx.worder, ctx.bid = _project_impl(z, w, kl, z_how, w_how, scale, ctx.views)
         if kl:
             ctx.save_for_backward(z, w)
         ctx.kl, ctx.rows, ctx.scale, ctx.w_how = kl, (z.shape[0], w.shape[0]), scale, w_how
