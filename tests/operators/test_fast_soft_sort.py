@@ -368,3 +368,22 @@ def test_ahead_of_time_module(tmp_path):
         res[mode] = torch.load(out)
     for a, b in zip(res["auto"], res["0"]):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("reg", ["l2", "kl"])
+def test_strided_inputs_and_cotangents(reg):
+    """A transposed (non-contiguous) input and cotangent give what their contiguous copies give: the kernels read C
+    rows (torch.sort of a transposed tensor returns strided indices)."""
+    import diffrank.compat.torchsort as compat
+
+    x = _rand(6, 5, seed=9).T  # (5, 6), strided
+    g = _rand(6, 5, seed=10).T
+    op = FastSoftSort(beta=0.9, regularization=reg)
+    for fn in (op.soft_rank, op.soft_sort, lambda t: compat.soft_rank(t, reg), lambda t: compat.soft_sort(t, reg)):
+        a, b = x.clone(memory_format=torch.preserve_format).requires_grad_(), x.contiguous().requires_grad_()
+        assert not a.is_contiguous()
+        ya, yb = fn(a), fn(b)
+        torch.testing.assert_close(ya, yb, rtol=0, atol=0)
+        ya.backward(g)
+        yb.backward(g.contiguous())
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)

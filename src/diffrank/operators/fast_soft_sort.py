@@ -80,10 +80,9 @@ def _project_impl(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int, scale:
     dev = z.device
     if dev.type != "cpu":
         z, order, w, worder = z.cpu(), order.cpu(), w.cpu(), worder.cpu()
-    if not z.is_contiguous():
-        z = z.contiguous()
-    if not w.is_contiguous():
-        w = w.contiguous()
+    # the kernels take C-contiguous rows (the ahead-of-time module does not check: a strided view, e.g. torch.sort's
+    # indices of a transposed input, would be read as garbage)
+    z, w, order, worder = (t if t.is_contiguous() else t.contiguous() for t in (z, w, order, worder))
     shape = (max(z.shape[0], w.shape[0]), z.shape[1])
     mu = z.new_empty(shape)
     bid = order.new_empty(shape)
