@@ -302,10 +302,11 @@ def _rho(n: int, like: Tensor, log: bool = False) -> Tensor:
     return _constant(("rho", n, like.dtype, like.device, log), make)
 
 
-def _arange(n: int, ascending: bool, device: torch.device) -> Tensor:
-    """The (1, n) int64 order of a row that is already sorted descending (0, 1, ...) or ascending (n-1, ..., 0)."""
-    return _constant(("order", n, ascending, device), lambda: (
-        torch.arange(n, device=device) if ascending else torch.arange(n - 1, -1, -1, device=device)).unsqueeze(0))
+def _arange(n: int, row_descending: bool, device: torch.device) -> Tensor:
+    """The (1, n) int64 order that reads a row already sorted descending (0, 1, ...) or ascending (n-1, ..., 0)
+    in descending order."""
+    return _constant(("order", n, row_descending, device), lambda: (
+        torch.arange(n, device=device) if row_descending else torch.arange(n - 1, -1, -1, device=device)).unsqueeze(0))
 
 
 class FastSoftSort(RankingOperator):
