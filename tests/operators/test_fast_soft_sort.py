@@ -154,3 +154,236 @@ def test_operator_contract_and_errors():
         _sort_desc(torch.tensor([[1.0, float("nan")]]))
     out = op.soft_rank(torch.randn(2, 6).bfloat16())
     assert out.dtype == torch.bfloat16
+
+
+# -- the VJP at kinks and ties: the authors' convention (google-research/fast-soft-sort, torchsort) ---------------
+def _spearman(pred, target, rank):
+    """torchsort README's Spearman coefficient, with ``rank`` the ascending soft rank."""
+    pred, target = rank(pred), rank(target)
+    pred = pred - pred.mean()
+    target = target - target.mean()
+    return (pred / pred.norm() * target / target.norm()).sum()
+
+
+def test_readme_spearman_gradient():
+    """torchsort README: 0.8321 and gradient [-0.0555, 0, 0.0555, 0.1109, -0.1109]; the scores are integer-spaced
+    at ε = 1, so every PAV block is a kink (it was all zeros before the convention)."""
+    pred = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0]], requires_grad=True)
+    target = torch.tensor([[5.0, 6.0, 7.0, 8.0, 7.0]])
+    rho = _spearman(pred, target, lambda x: F.soft_rank(x, method="fast_soft_sort", beta=1.0))
+    (grad,) = torch.autograd.grad(rho, pred)
+    torch.testing.assert_close(rho, torch.tensor(0.8321), atol=1e-4, rtol=0)
+    torch.testing.assert_close(grad, torch.tensor([[-0.0555, 0.0, 0.0555, 0.1109, -0.1109]]), atol=1e-4, rtol=0)
+
+
+def _ref_projection(z, w, kl):
+    """μ = P(z, w) with Jacobians in z and w, re-derived in numpy from the paper (Prop. 3, Lemma 2) and the authors'
+    convention: pool adjacent blocks while the earlier value is <= the later one, then Jacobian blocks = runs of the
+    solution whose neighbours differ by <= 1e-9; within a block ∂v_i/∂s_j = 1/|B| or softmax(s_B)_j, ∂v_i/∂w_j =
+    -1/|B| or -softmax(w_B)_j."""
+    from scipy.special import logsumexp, softmax
+
+    n = len(z)
+    order = np.argsort(-z, kind="stable")
+    s = z[order]
+
+    def value(a, e):
+        return logsumexp(s[a:e]) - logsumexp(w[a:e]) if kl else np.mean(s[a:e] - w[a:e])
+
+    blocks = []
+    for i in range(n):
+        blocks.append([i, i + 1])
+        while len(blocks) > 1 and value(*blocks[-2]) <= value(*blocks[-1]):
+            last = blocks.pop()
+            blocks[-1][1] = last[1]
+    v = np.concatenate([np.full(e - a, value(a, e)) for a, e in blocks])
+    cuts = [0] + [i for i in range(1, n) if abs(v[i] - v[i - 1]) > 1e-9] + [n]
+    dv_ds, dv_dw = np.zeros((n, n)), np.zeros((n, n))
+    for a, e in zip(cuts[:-1], cuts[1:]):
+        dv_ds[a:e, a:e] = softmax(s[a:e]) if kl else 1 / (e - a)
+        dv_dw[a:e, a:e] = -(softmax(w[a:e]) if kl else 1 / (e - a))
+    perm = np.eye(n)[order]  # s = perm @ z
+    return perm.T @ (s - v), perm.T @ (np.eye(n) - dv_ds) @ perm, -perm.T @ dv_dw
+
+
+@pytest.mark.parametrize("reg", ["l2", "kl"])
+@pytest.mark.parametrize("eps", [0.5, 1.0, 2.0])
+def test_vjp_at_kinks_and_ties_reference(reg, eps):
+    """Integer scores (ties, and kinks at every spacing of ε): our VJP equals the re-derived reference's."""
+    gen = torch.Generator().manual_seed(int(eps * 10))
+    theta = torch.randint(0, 5, (8, 20), generator=gen).to(F64)
+    g = torch.randn(8, 20, dtype=F64, generator=gen)
+    op = FastSoftSort.with_strength(eps, reg)
+    kl = reg == "kl"
+    t = theta.clone().requires_grad_()
+    r = op.soft_rank(t)
+    (grad_rank,) = torch.autograd.grad(r, t, g)
+    t = theta.clone().requires_grad_()
+    srt = op.soft_sort(t)
+    (grad_sort,) = torch.autograd.grad(srt, t, g)
+    n = theta.shape[1]
+    rho = np.arange(n, 0, -1, dtype=float)
+    for b in range(8):
+        th, gb = theta[b].numpy(), g[b].numpy()
+        # rank: r = P(-θ/ε, ρ) (l2) or exp P(-θ/ε, log ρ) (kl)
+        mu, jz, _ = _ref_projection(-th / eps, np.log(rho) if kl else rho, kl)
+        ref_r = np.exp(mu) if kl else mu
+        np.testing.assert_allclose(r[b].detach().numpy(), ref_r, atol=1e-10)
+        np.testing.assert_allclose(grad_rank[b].numpy(), -(jz.T @ (gb * ref_r if kl else gb)) / eps, atol=1e-10)
+        # sort: P(ρ/ε, sorted θ); torch.sort's order of tied θ decides which of them gets which sorted gradient
+        sorted_th, idx = torch.sort(theta[b], descending=True)
+        mu, _, jw = _ref_projection(rho / eps, sorted_th.numpy(), kl)
+        np.testing.assert_allclose(srt[b].detach().numpy(), mu, atol=1e-10)
+        ref_g = np.zeros(n)
+        ref_g[idx.numpy()] = jw.T @ gb
+        np.testing.assert_allclose(grad_sort[b].numpy(), ref_g, atol=1e-10)
+
+
+@pytest.mark.parametrize("reg", ["l2", "kl"])
+def test_vjp_at_kinks_and_ties_torchsort(reg):
+    """The same integer scores through diffrank.compat.torchsort and torchsort itself: values and VJPs agree."""
+    torchsort = pytest.importorskip("torchsort")
+    import diffrank.compat.torchsort as compat
+
+    gen = torch.Generator().manual_seed(3)
+    for eps in (0.5, 1.0, 2.0):
+        x = torch.randint(0, 5, (8, 20), generator=gen).to(F64)
+        g = torch.randn(8, 20, dtype=F64, generator=gen)
+        for name in ("soft_rank", "soft_sort"):
+            a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+            ya, yb = getattr(compat, name)(a, reg, eps), getattr(torchsort, name)(b, reg, eps)
+            torch.testing.assert_close(ya, yb, atol=1e-10, rtol=1e-10)
+            torch.testing.assert_close(torch.autograd.grad(ya, a, g)[0], torch.autograd.grad(yb, b, g)[0], atol=1e-10,
+                                       rtol=1e-10)
+
+
+# -- second derivatives, learnable β, torch.func, torch.compile --------------------------------------------------
+@pytest.mark.parametrize("reg", ["l2", "kl"])
+def test_gradgradcheck(reg):
+    """Exact second derivatives: zero a.e. for l2 (piecewise-constant Jacobian, the backward still linear in the
+    cotangent), the block softmax's curvature for kl; float64, no kinks."""
+    t = _rand(2, 7, seed=5, scale=2.0).requires_grad_()
+    op = FastSoftSort(beta=0.8, regularization=reg)
+    assert torch.autograd.gradgradcheck(op.soft_rank, (t,))
+    assert torch.autograd.gradgradcheck(op.soft_sort, (t,))
+    assert torch.autograd.gradgradcheck(lambda x: F.soft_rank(x, method=op), (t,))
+
+
+@pytest.mark.parametrize("reg", ["l2", "kl"])
+def test_learnable_beta_gradcheck(reg):
+    """β = 1/ε a tensor that requires grad: gradcheck in β and θ together, and β.grad fills."""
+    t = _rand(2, 6, seed=6).requires_grad_()
+    beta = torch.tensor(0.7, dtype=F64, requires_grad=True)
+    assert gradcheck(lambda x, b: FastSoftSort(b, reg).soft_rank(x), (t, beta))
+    assert gradcheck(lambda x, b: FastSoftSort(b, reg).soft_sort(x), (t, beta))
+    assert torch.autograd.gradgradcheck(lambda x, b: FastSoftSort(b, reg).soft_rank(x), (t, beta))
+    FastSoftSort(beta, reg).soft_sort(t).square().sum().backward()
+    assert beta.grad is not None and beta.grad != 0
+
+
+@pytest.mark.parametrize("reg", ["l2", "kl"])
+def test_torch_func(reg):
+    """vmap of the hooks (the public methods' host-side finite check is the base class's) equals the loop;
+    func.grad and jacrev of the public methods equal autograd."""
+    op = FastSoftSort(beta=1.3, regularization=reg)
+    xs = _rand(4, 3 * 6, seed=7).view(4, 3, 6)
+    w = torch.arange(6, dtype=F64)
+    for name in ("soft_rank", "soft_sort"):
+        hook, public = getattr(op, "_" + name), getattr(op, name)
+        torch.testing.assert_close(torch.func.vmap(hook)(xs), torch.stack([hook(x) for x in xs]))
+        x = xs[0].clone().requires_grad_()
+        (ref,) = torch.autograd.grad((public(x) * w).sum(), x)
+        torch.testing.assert_close(torch.func.grad(lambda t, f=public: (f(t) * w).sum())(xs[0]), ref)
+        torch.testing.assert_close(torch.func.jacrev(public)(xs[0]), torch.autograd.functional.jacobian(public, xs[0]))
+        # the Hessian-vector product through func transforms (jvp of grad) equals double backward
+        v = torch.randn_like(xs[0])
+        f = lambda t, p=public: (p(t) ** 2 * w).sum()  # noqa: E731
+        hvp = torch.func.jvp(torch.func.grad(f), (xs[0],), (v,))[1]
+        x = xs[0].clone().requires_grad_()
+        (gx,) = torch.autograd.grad(f(x), x, create_graph=True)
+        torch.testing.assert_close(hvp, torch.autograd.grad(gx, x, v)[0])
+
+
+@pytest.mark.parametrize("reg", ["l2", "kl"])
+def test_torch_compile(reg):
+    """torch.compile with the first call compiled equals eager (forward and gradient; the kernel is the custom op
+    diffrank::fast_soft_sort_project, so dynamo never traces numba); the hooks alone compile with fullgraph=True."""
+    op = FastSoftSort(beta=1.3, regularization=reg)
+
+    def f(x):
+        return (op.soft_rank(x) * torch.arange(6.0)).sum() + (op.soft_sort(x) ** 2).sum()
+
+    def hooks(x):
+        return op._soft_rank(x), op._soft_sort(x)
+
+    x = torch.randn(3, 6, generator=torch.Generator().manual_seed(8))
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    torch._dynamo.reset()
+    ya = torch.compile(f)(a)
+    ya.backward()
+    yb = f(b)
+    yb.backward()
+    torch.testing.assert_close(ya, yb, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-5)
+    for c, e in zip(torch.compile(hooks, fullgraph=True)(x), hooks(x)):
+        torch.testing.assert_close(c, e, atol=1e-5, rtol=1e-5)
+
+
+_AOT_SCRIPT = """
+import sys, torch
+from diffrank.operators.fast_soft_sort import FastSoftSort
+x = torch.linspace(-2, 3, 12, dtype=torch.float64).view(2, 6).requires_grad_()
+outs = []
+for dtype in (torch.float64, torch.float32):
+    for reg in ("l2", "kl"):
+        op = FastSoftSort(1.3, reg)
+        xx = x.detach().to(dtype).requires_grad_()
+        y = op.soft_rank(xx) + op.soft_sort(xx) ** 2
+        y.sum().backward()
+        outs += [y.detach().double(), xx.grad.double()]
+torch.save(outs, sys.argv[1])
+print("numba" in sys.modules)
+"""
+
+
+@pytest.mark.slow
+def test_ahead_of_time_module(tmp_path):
+    """``python -m diffrank.operators.fast_soft_sort_cpu --build`` writes a module that a fresh process loads
+    without importing numba, and whose results equal numba's JIT (DIFFRANK_FSS_AOT=0)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DIFFRANK_CACHE_DIR": str(tmp_path / "cache")}
+    subprocess.run([sys.executable, "-m", "diffrank.operators.fast_soft_sort_cpu", "--build"], env=env, check=True,
+                   capture_output=True, timeout=600)
+    script = tmp_path / "run.py"
+    script.write_text(_AOT_SCRIPT)
+    res = {}
+    for mode in ("auto", "0"):
+        out = tmp_path / f"{mode}.pt"
+        proc = subprocess.run([sys.executable, str(script), str(out)], env={**env, "DIFFRANK_FSS_AOT": mode},
+                              check=True, capture_output=True, text=True, timeout=600)
+        assert proc.stdout.strip() == ("False" if mode == "auto" else "True")  # numba imported only by the JIT
+        res[mode] = torch.load(out)
+    for a, b in zip(res["auto"], res["0"]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("reg", ["l2", "kl"])
+def test_strided_inputs_and_cotangents(reg):
+    """A transposed (non-contiguous) input and cotangent give what their contiguous copies give: the kernels read C
+    rows (torch.sort of a transposed tensor returns strided indices)."""
+    import diffrank.compat.torchsort as compat
+
+    x = _rand(6, 5, seed=9).T  # (5, 6), strided
+    g = _rand(6, 5, seed=10).T
+    op = FastSoftSort(beta=0.9, regularization=reg)
+    for fn in (op.soft_rank, op.soft_sort, lambda t: compat.soft_rank(t, reg), lambda t: compat.soft_sort(t, reg)):
+        a, b = x.clone(memory_format=torch.preserve_format).requires_grad_(), x.contiguous().requires_grad_()
+        assert not a.is_contiguous()
+        ya, yb = fn(a), fn(b)
+        torch.testing.assert_close(ya, yb, rtol=0, atol=0)
+        ya.backward(g)
+        yb.backward(g.contiguous())
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
