@@ -292,11 +292,17 @@ def _topk_and_grads(fn, x, k, seed=1):
 
 
 def test_cpu_numba_topk_equals_the_torch_path():
-    """float64 CPU top-k in two numba calls (_LapSumTopKCPU) = the PyTorch path (_LapSumTopK) in values and in the
-    gradients for scores and k, to 1e-13 relative, over 1e-3 <= β <= 1e8, scales 1e-6 .. 1e30, k at the tails,
-    the middle and k = n, ks as a list, an (M,) tensor and a (B, M) tensor."""
-    torch_path = lambda beta: lambda x, k: lapsum_mod._LapSumTopK.apply(  # noqa: E731
-        x, (k if isinstance(k, torch.Tensor) else torch.tensor(k, dtype=F64)).expand(x.shape[0], -1), beta)
+    """CPU top-k in two numba calls (_LapSumTopK, numba=True) = the PyTorch path (numba=False) in values and in the
+    gradients for scores and k, to 1e-13 relative in float64, over 1e-3 <= β <= 1e8, scales 1e-6 .. 1e30, k at the
+    tails, the middle and k = n, ks as a list and a (B, M) tensor; float32 (computed in float64) to float32
+    rounding."""
+    def path(numba, beta):
+        def f(x, k):
+            if not numba or isinstance(k, torch.Tensor):
+                k = (k if isinstance(k, torch.Tensor) else torch.tensor(k, dtype=x.dtype)).expand(x.shape[0], -1)
+            return lapsum_mod._LapSumTopK.apply(x, k, beta, numba)[0]
+        return f
+
     g = torch.Generator().manual_seed(0)
     cases = [(n, beta, scale) for n in (1, 2, 5, 300) for beta in (1e-3, 1.0, 1e3, 1e8) for scale in (1e-6, 1.0, 1e30)]
     cases += [(5000, 1.0, 1.0), (5000, 1e3, 1e-2)]  # n >= 2048: the kernel's radix sort, not its quicksort
@@ -304,16 +310,25 @@ def test_cpu_numba_topk_equals_the_torch_path():
         ks = sorted({min(0.5, n), 1.0, n / 2, max(n - 0.5, 0.5), float(n)})
         x = torch.randn(3, n, dtype=F64, generator=g) * scale
         kb = torch.tensor(ks, dtype=F64).repeat(3, 1) * torch.tensor([[1.0], [0.9], [1.0]], dtype=F64)
-        for k in (ks, torch.tensor(ks, dtype=F64), kb.clamp(max=n)):
-            new = _topk_and_grads(lambda xx, kk, b=beta: lapsum_mod._LapSumTopKCPU.apply(xx, kk, b), x, k)
-            old = _topk_and_grads(torch_path(beta), x, k)
+        for k in (ks, kb.clamp(max=n)):
+            new = _topk_and_grads(path(True, beta), x, k)
+            old = _topk_and_grads(path(False, beta), x, k)
             for a, b in zip(new, old):
                 assert torch.equal(torch.isfinite(a), torch.isfinite(b))
                 size = float(b.abs().max()) or 1.0
                 assert float((a - b).abs().max()) <= 1e-13 * size, (n, beta, scale, type(k))
-    # the operator takes this path for float64 CPU scores, the PyTorch path for float32
+    x = _rand(4, 500, seed=3, dtype=torch.float32)
+    p32, g32 = _topk_and_grads(path(True, 1.0), x, [5.0])
+    p64, g64 = _topk_and_grads(path(True, 1.0), x.double(), [5.0])
+    assert p32.dtype == g32.dtype == torch.float32
+    torch.testing.assert_close(p32, p64.float(), atol=0, rtol=0)  # p: one rounding of the float64 result
+    torch.testing.assert_close(g32, g64.float(), atol=1e-6, rtol=1e-5)
+    pt, gt = _topk_and_grads(path(False, 1.0), x, [5.0])  # the PyTorch path computes in float32
+    torch.testing.assert_close(p32, pt, atol=1e-5, rtol=0)
+    torch.testing.assert_close(g32, gt, atol=1e-5, rtol=1e-4)
+    # the operator takes this path for float32 / float64 CPU scores, not for half precision (computed in float32)
     op = LapSum(2.0)
-    assert op._numba_topk(S) and not op._numba_topk(S.float())
+    assert op._numba_topk(S) and op._numba_topk(S.float()) and not op._numba_topk(S.half())
 
 
 def test_cpu_numba_topk_checks_finite_scores_itself():

@@ -27,8 +27,8 @@ import importlib
 import os
 import sys
 
-SUITES = ["basic", "networks", "others", "grid", "lapsum_figures"]
-DEFAULT_SUITES = ["basic", "networks", "others"]
+SUITES = ["basic", "networks", "others", "grid", "lapsum_figures", "lapsum_parity"]
+DEFAULT_SUITES = ["basic", "networks", "others", "lapsum_parity"]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,9 +10,10 @@ numba's quicksort, or from n = 2048 on a radix sort, 2.5x faster than ``numpy.so
 
 - :func:`thresholds`: the inverse alone (float32 / float64), for the PyTorch path of
   :class:`diffrank.operators.lapsum._LapSumTopK`.
-- :func:`topk_forward` / :func:`topk_backward`: the whole top-k of float64 scores, forward (with the NaN / inf
-  test of the scores, the inverse and the memberships p = F(t + β s)) and closed-form VJP (which reads
-  e^{-|x|} off p where that is exact), one numba call each (:class:`diffrank.operators.lapsum._LapSumTopKCPU`).
+- :func:`topk_forward` / :func:`topk_backward`: the whole top-k of float32 / float64 scores (computed in
+  float64), forward (with the NaN / inf test of the scores, the inverse and the memberships p = F(t + β s)) and
+  closed-form first-order VJP (which reads e^{-|x|} off p where that is exact), one numba call each
+  (:class:`diffrank.operators.lapsum._LapSumTopK` with ``numba=True``).
   The PyTorch path runs ~20 tensor operations (each a dispatch and an allocation) where these make one call;
   at n = 10³ that overhead was most of the time (docs/lapsum_figures.md).
 
@@ -183,7 +184,8 @@ def _topk_backward_rows(s, k, t, p, g, beta, grad_s, grad_k):  # pragma: no cove
 
     e = e^{-|x|} is read off the forward's p where that is exact, instead of a second exp: tiny < p < ½ means
     x <= 0 (x > 0 gives p = fl(1 - ½e) >= ½) and p = ½e with ½e a normal number (halving is exact there), so
-    e = 2p to the bit. That holds for all items but the ~k largest, which are recomputed (the same exp)."""
+    e = 2p to the bit (for float32 p, to float32 rounding: the precision of a float32 gradient). That holds for all
+    items but the ~k largest, which are recomputed (the same exp)."""
     B, n = s.shape
     ex = np.empty(n)
     for b in range(B):
@@ -251,51 +253,57 @@ def _ks_list(ks: tuple[float, ...]) -> np.ndarray:
     return np.array(ks, np.float64, ndmin=2)
 
 
-def topk_forward(scores: Tensor, k: Tensor | list[float], beta: float) -> tuple[Tensor, tuple]:
+def _array(x: Tensor) -> np.ndarray:
+    """A C-contiguous numpy view (or copy) of a CPU tensor, in its own dtype."""
+    return (x if x.is_contiguous() else x.contiguous()).numpy(force=True)
+
+
+def topk_forward(scores: Tensor, k: Tensor | list[float], beta: float) -> tuple[Tensor, Tensor]:
     """The soft top-k forward.
 
     Args:
-        scores: ``(B, n)`` float64 CPU (validated but for NaN / inf, which this pass tests).
+        scores: ``(B, n)`` float32 / float64 CPU (validated but for NaN / inf, which this pass tests); float32
+            scores are computed in float64 and p rounded once to float32.
         k: ks in (0, n] (k >= n gives all ones): a list (one row of ks for every set) or a tensor ``(M,)`` or
             ``(B, M)``.
         beta: β > 0.
 
     Returns:
-        ``(p, state)``: the memberships ``p (B, M, n)``, p = F(t + β s) with t = Lap⁻¹(k), and what
-        :func:`topk_backward` takes (numpy views of the scores and of p, the ks and the thresholds t; the caller
-        keeps autograd's in-place check on the scores and p).
+        ``(p, t)``: the memberships ``p (B, M, n)`` in the dtype of ``scores``, p = F(t + β s), and the float64
+        thresholds ``t = Lap⁻¹(k) (B, M)`` (+inf where k >= n) that :func:`topk_backward` takes.
 
     Raises:
         ValueError: ``scores`` hold NaN or ±inf (the validation's error, :func:`~diffrank.operators.base.
             non_finite_error`: this pass is the operator's finiteness test, ``LapSum._hook_checks_finite``).
     """
-    s = (scores if scores.is_contiguous() else scores.contiguous()).numpy(force=True)
+    s = _f64(scores)
     kn = _ks_array(k)
     B, n = s.shape
     t = np.empty((B, kn.shape[1]), np.float64)
-    p = np.empty((B, kn.shape[1], n), np.float64)
+    p = np.empty((B, kn.shape[1], n), s.dtype if scores.dtype == torch.float64 else np.float32)
     if not _topk_forward_rows(s, kn, float(beta), t, p):
         raise non_finite_error()
-    return torch.from_numpy(p), (s, kn, t, p)
+    return torch.from_numpy(p), torch.from_numpy(t)
 
 
-def topk_backward(state: tuple, grad_p: Tensor, beta: float) -> tuple[Tensor, Tensor]:
-    """The VJP of :func:`topk_forward`.
+def topk_backward(scores: Tensor, k: Tensor | list[float], t: Tensor, p: Tensor, grad_p: Tensor,
+                  beta: float) -> tuple[Tensor, Tensor]:
+    """The VJP of :func:`topk_forward` (first order only: the operator's double backward takes the differentiable
+    PyTorch form, :func:`diffrank.operators.lapsum._topk_vjp_graph`).
 
     With x = t + β s, e = e^{-|x|}, π = e / Σe (= ∂p/∂k) and R = ½ Σe: ∂L/∂k = ⟨v, π⟩ and
     ∂L/∂s_l = β R Σ_m π_l (v_l - ⟨v, π⟩) (paper App. C.2; rows with k >= n contribute nothing).
 
     Args:
-        state: what :func:`topk_forward` returned with p.
-        grad_p: ``(B, M, n)`` upstream gradient.
-        beta: β > 0.
+        scores, k, beta: as given to :func:`topk_forward`; t, p: what it returned.
+        grad_p: ``(B, M, n)`` upstream gradient, dtype of p.
 
     Returns:
-        ``(grad_s (B, n), grad_k (B, M))``.
+        ``(grad_s (B, n), grad_k (B, M))`` in the dtype of ``scores``.
     """
-    s, kn, t, p = state
+    s = _f64(scores)
     grad_s = np.empty(s.shape, np.float64)
     grad_k = np.empty(t.shape, np.float64)
-    g = (grad_p if grad_p.is_contiguous() else grad_p.contiguous()).numpy(force=True)  # float64: p's dtype
-    _topk_backward_rows(s, kn, t, p, g, float(beta), grad_s, grad_k)
-    return torch.from_numpy(grad_s), torch.from_numpy(grad_k)
+    _topk_backward_rows(s, _ks_array(k), _array(t), _array(p), _array(grad_p.to(p.dtype)), float(beta), grad_s,
+                        grad_k)
+    return torch.from_numpy(grad_s).to(scores.dtype), torch.from_numpy(grad_k).to(scores.dtype)
