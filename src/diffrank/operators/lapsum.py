@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from diffrank.operators.backend import check_backend, use_triton
-from diffrank.operators.base import TOPK_MEMBERSHIP, Check, RankingOperator
+from diffrank.operators.base import TOPK_MEMBERSHIP, Check, RankingOperator, raise_failed
 
 _DENSE_MAX_TARGETS = 32  # below this many thresholds per row, the (B, M, n) dense VJP is cheaper than the sweep
 
@@ -52,6 +52,37 @@ def _laplace_cdf(x: Tensor) -> Tensor:
     """F(x) for the standard Laplace law, from e^{-|x|} only (no overflow)."""
     e = torch.exp(-x.abs())
     return torch.where(x <= 0, 0.5 * e, 1.0 - 0.5 * e)
+
+
+_LOG2 = math.log(2.0)
+
+
+def log_laplace_cdf(x: Tensor) -> Tensor:
+    """log F(x) for the standard Laplace law without underflow: x - log 2 (x <= 0), log1p(-½e^{-x}) (x > 0).
+
+    Args:
+        x: any shape, floating; ±inf allowed (log F(-inf) = -inf, log F(inf) = 0).
+
+    Returns:
+        log F(x), same shape and dtype; its gradient is finite everywhere (each branch sees a clamped input).
+    """
+    return torch.where(x <= 0, x - _LOG2, torch.log1p(-0.5 * torch.exp(-x.clamp_min(0))))
+
+
+def log_interval_mass(lo: Tensor, hi: Tensor) -> Tensor:
+    """log(F(hi) - F(lo)) for lo < hi (F the standard Laplace CDF) without cancellation or underflow, as the
+    official ``logCDF`` of LapSum's permutation loss (Struski et al. 2025, §3.4): both ends on one side of 0 use
+    ``expm1`` of their difference. lo = -inf or hi = +inf give log F(hi) and log(1 - F(lo)).
+
+    Args:
+        lo, hi: broadcastable, lo < hi elementwise (ends may be infinite: constants without gradient).
+
+    Returns:
+        The log mass, finite where the mass is positive; gradients finite (every branch sees clamped inputs).
+    """
+    tail = torch.log(-torch.expm1(lo - hi))  # log(1 - e^{lo - hi}) <= 0
+    mid = torch.log(-torch.expm1(-hi.clamp_min(0)) - torch.expm1(lo.clamp_max(0))) - _LOG2
+    return torch.where(hi <= 0, hi - _LOG2 + tail, torch.where(lo >= 0, -lo - _LOG2 + tail, mid))
 
 
 def _exclusive_cumlse(u: Tensor) -> Tensor:
@@ -430,6 +461,39 @@ class LapSum(RankingOperator):
         if isinstance(self.beta, Tensor):
             return s * self.beta.to(s), 1.0
         return s, self.beta
+
+    def inverse(self, scores: Tensor, w: Tensor) -> Tensor:
+        """b = Lap_s⁻¹(w) in score units: the b with Σ_j F(β(s_j - b)) = w, decreasing in w (paper §4.1, eq. (4);
+        α = -1/β). The thresholds behind every LapSum quantity: top-k memberships are F(β(s - Lap⁻¹(k))), the
+        soft sort is Lap⁻¹(i - ½), P's rows are interval masses between Lap⁻¹(j - 1) and Lap⁻¹(j).
+
+        Args:
+            scores: ``(B, n)`` floating (validated as for every method).
+            w: targets, a tensor ``(M,)`` (shared by the rows) or ``(B, M)``, every value in (0, n); may require
+                grad (∂b/∂w = -1/(β S), S = ½ Σ_l e^{-β|s_l - b|}).
+
+        Returns:
+            ``(B, M)`` of the dtype of ``scores``, differentiable in scores, w and a tensor β, to every order.
+
+        Raises:
+            TypeError / ValueError: bad scores, a w that is not a floating tensor of shape ``(M,)`` or ``(B, M)``, or
+                (one host synchronisation, with the scores' finiteness) a w outside (0, n).
+        """
+        n = self._check_call(TOPK_MEMBERSHIP, "inverse", scores)
+        B = scores.shape[0]
+        if not isinstance(w, Tensor) or not w.is_floating_point():
+            raise TypeError(f"w must be a floating tensor, got {type(w).__name__}")
+        if w.dim() not in (1, 2) or w.dim() == 2 and w.shape[0] != B or w.numel() == 0:
+            raise ValueError(f"w must have shape (M,) or (B, M) = ({B}, M), got {tuple(w.shape)}")
+        w = w.to(scores.device)
+        check = ((torch.isfinite(w) & (w > 0) & (w < n)).all(), ValueError(f"w must satisfy 0 < w < n = {n}"))
+        if B == 0:
+            raise_failed([check])
+            return self._empty(scores, w.shape[-1]) + 0 * w.sum()
+        x = self._compute_input(scores, [check])
+        s, beta = self._scaled(x)
+        b = self._inverse(s, w.to(s.dtype).expand(B, w.shape[-1]), beta)
+        return (b / self.beta.to(b) if isinstance(self.beta, Tensor) else b).to(scores.dtype)
 
     def _inverse(self, s: Tensor, w: Tensor, beta: float) -> Tensor:
         """b = Lap_s⁻¹(w) in score units, ``(B, M)``, from the kernel or the PyTorch path."""
