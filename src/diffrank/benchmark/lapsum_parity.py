@@ -6,7 +6,9 @@
 Each cell times k = ``--k`` (default 5) soft top-k memberships, forward + backward (``p.backward(v)``, v fixed),
 of ``LapSum(β = 1).topk_membership`` (the public method: validation included) and of the official extension's
 ``forward`` / ``vjp`` (:mod:`diffrank.benchmark.lapsum_reference`, ``make lapsum-reference``; α = -1), alternating
-one call of each, so that a change of machine load hits both; the time of a side is the median of its calls.
+one call of each, so that a change of machine load hits both; the time of a side is the median of its calls, in
+CPU time of the process (``time.process_time``: a call preempted by other processes is not charged for their time,
+which on a shared machine dominates wall-clock times of calls longer than a scheduler slice).
 ``ratio`` = official / ours (≥ 1: ours at least as fast). The scores are standard normal, float32 and float64.
 
 A second table gives the first call in a fresh process (numba's cache warm or cold: the numba cache directory
@@ -33,16 +35,16 @@ _FIRST_CALL = (
 
 
 def _interleaved(fns: list, budget: float, max_calls: int = 200) -> list[float]:
-    """Median seconds per call of each function, calling them in turn until ``budget`` seconds have passed."""
+    """Median CPU seconds per call of each function, calling them in turn until ``budget`` seconds have passed."""
     for f in fns:  # warm-up (numba compilation, allocator)
         f()
     times: list[list[float]] = [[] for _ in fns]
     start = time.perf_counter()
     while len(times[0]) < max_calls and (len(times[0]) < 3 or time.perf_counter() - start < budget):
         for f, ts in zip(fns, times):
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             f()
-            ts.append(time.perf_counter() - t0)
+            ts.append(time.process_time() - t0)
     return [statistics.median(ts) for ts in times]
 
 

@@ -36,7 +36,7 @@ import triton.language as tl
 from torch import Tensor
 
 from diffrank.kernels._common import block_size
-from diffrank.operators.lapsum import _inverse_vjp_graph, _rank_vjp_graph, _topk_vjp_graph, _vmap_rows
+from diffrank.operators.lapsum import _inverse_vjp_graph, _presigned, _rank_vjp_graph, _topk_vjp_graph, _vmap_rows
 
 _KNOTS, _RANK_VJP, _INVERSE_VJP = 0, 1, 2
 
@@ -315,6 +315,7 @@ def _inverse_vjp(s_sorted: Tensor, beta: Tensor, t: Tensor, c: Tensor, a: Tensor
     return g
 
 
+@_presigned
 class _TopK(torch.autograd.Function):
     """p[b, m, i] = F(t_bm + β s_bi), t = Lap⁻¹(k_bm) (Thm 3.3); returns ``(p, t)`` (t not differentiable). VJP in
     one kernel (App. C.2); a recorded backward (create_graph, torch.func) takes the differentiable closed form
@@ -361,6 +362,7 @@ class _TopK(torch.autograd.Function):
         return ds.to(s.dtype), grad_k, None
 
 
+@_presigned
 class _Rank(torch.autograd.Function):
     """R_i = Lap_s(s_i) + ½ (Thm 3.2) from the knot scan; returns ``(R, s_sorted, order, A + B - 2)`` (only R
     differentiable); VJP from the same scans (App. C.2), a recorded backward the differentiable
@@ -398,6 +400,7 @@ class _Rank(torch.autograd.Function):
         return _unsort(g, order).to(s_sorted.dtype), None
 
 
+@_presigned
 class _Inverse(torch.autograd.Function):
     """b = Lap_s⁻¹(w) in score units; returns ``(b, s_sorted, order, t, c, A, B)`` (only b differentiable). VJP
     ∂b_m/∂s_l = softmax_l(-β|b_m - s_l|) by per-gap sums and two scans; a recorded backward (or a w that requires

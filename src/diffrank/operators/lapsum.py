@@ -35,6 +35,7 @@ its VJP, the soft-rank VJP and the inverse's VJP (soft sort / permutation backwa
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from collections.abc import Sequence
@@ -179,6 +180,14 @@ def _numba_ok(x: Tensor) -> bool:
     return x.is_cpu and not torch.compiler.is_compiling() and not torch._C._functorch.is_functorch_wrapped_tensor(x)
 
 
+def _presigned(cls: type[torch.autograd.Function]) -> type[torch.autograd.Function]:
+    """Class decorator of the custom Functions: with ``setup_context``, ``Function.apply`` binds its arguments through
+    ``inspect.signature(cls.forward)`` on every call (~25 µs, as much as the whole top-k at n = 10³); inspect returns
+    a ``__signature__`` attribute as it is, so it is computed once here."""
+    cls.forward.__signature__ = inspect.signature(cls.forward)
+    return cls
+
+
 def _vmap_rows(fn: type[torch.autograd.Function], info, in_dims: tuple, *args):
     """The vmap rule of LapSum's custom Functions: every tensor argument holds one row per set (``(B, ...)``) and
     rows are independent, so the vmapped dimension folds into the rows, ``(V, B, ...) → (V·B, ...)``, for one call
@@ -246,6 +255,7 @@ def _rank_vjp_graph(s: Tensor, beta: float, v: Tensor) -> Tensor:
     return 0.5 * beta * (e * (v.unsqueeze(-2) - v.unsqueeze(-1))).sum(-1)
 
 
+@_presigned
 class _LapSumInverse(torch.autograd.Function):
     """b[b, m] = Lap_s⁻¹(w_bm) in score units (α = -1/β): Σ_j F(β(s_j - b)) = w; ∂b_m/∂s_l = softmax_l(-β|b_m - s_l|),
     ∂b_m/∂w_m = -1/(β S_m) (App. C.2). First-order backward: the O((n + M) log) sweep; a recorded backward
@@ -279,18 +289,15 @@ class _LapSumInverse(torch.autograd.Function):
         return _unsort(_inverse_vjp(-beta * b, u, grad_b), order), None, None
 
 
+@_presigned
 class _LapSumTopK(torch.autograd.Function):
-    """p[b, m, i] = F(t_bm + β s_bi), t = Lap⁻¹(k_bm) (paper eq. (5)); returns ``(p, t)`` (t not differentiable).
-
-    ``numba=True`` (CPU scores, :mod:`diffrank.operators.lapsum_cpu`): forward and first-order VJP in one numba call
-    each, float32 / float64 computed in float64; ``k`` a list of ks (one row for every set) or a ``(B, M)`` tensor.
-    ``numba=False``: the PyTorch closed form (any device; torch.compile), ``k`` a ``(B, M)`` tensor. Either way a
-    recorded backward (create_graph, torch.func) takes :func:`_topk_vjp_graph`, so second derivatives are exact."""
+    """p[b, m, i] = F(t_bm + β s_bi), t = Lap⁻¹(k_bm) (paper eq. (5)), the PyTorch closed form (any device, torch.func
+    transforms, torch.compile); returns ``(p, t)`` (t not differentiable); ``k`` ``(B, M)`` of the scores' dtype.
+    First-order VJP in O(M n); a recorded backward (create_graph, torch.func) takes :func:`_topk_vjp_graph`, so
+    second derivatives are exact."""
 
     @staticmethod
-    def forward(scores: Tensor, k: Tensor | list[float], beta: float, numba: bool) -> tuple[Tensor, Tensor]:
-        if numba:
-            return _lapsum_cpu().topk_forward(scores, k, beta)
+    def forward(scores: Tensor, k: Tensor, beta: float) -> tuple[Tensor, Tensor]:
         n = scores.shape[-1]
         full = k >= n
         w = torch.where(full, torch.full_like(k, n / 2), k)
@@ -303,28 +310,21 @@ class _LapSumTopK(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        scores, k, ctx.beta, ctx.numba = inputs
-        p, t = output
-        ctx.mark_non_differentiable(t)
-        ctx.k_list = None if isinstance(k, Tensor) else k
-        # the numba backward reads the scores and p through numpy views: saved for autograd's check that neither
-        # was modified in place in between (p is the output: saving it costs no memory)
-        ctx.save_for_backward(scores, p, t, k if isinstance(k, Tensor) else None)
+        scores, k, ctx.beta = inputs
+        ctx.mark_non_differentiable(output[1])
+        ctx.set_materialize_grads(False)  # no zeros for t: only p has a gradient
+        ctx.save_for_backward(scores, output[1], k)
 
     @staticmethod
-    def vmap(info, in_dims, scores, k, beta, numba):
-        return _vmap_rows(_LapSumTopK, info, in_dims, scores, k, beta, numba)
+    def vmap(info, in_dims, scores, k, beta):
+        return _vmap_rows(_LapSumTopK, info, in_dims, scores, k, beta)
 
     @staticmethod
-    def backward(ctx, grad_p: Tensor, _grad_t: Tensor):
-        scores, p, t, k = ctx.saved_tensors
+    def backward(ctx, grad_p: Tensor, _grad_t: None):
+        scores, t, k = ctx.saved_tensors
         beta = ctx.beta
         if torch.is_grad_enabled():
-            if k is None:
-                k = torch.tensor(ctx.k_list, dtype=scores.dtype).expand(scores.shape[0], -1)
             grad_s, grad_k = _topk_vjp_graph(scores, k, beta, grad_p)
-        elif ctx.numba:
-            grad_s, grad_k = _lapsum_cpu().topk_backward(scores, ctx.k_list if k is None else k, t, p, grad_p, beta)
         else:
             x = t.unsqueeze(-1) + beta * scores.unsqueeze(-2)
             ex = torch.exp(-x.abs()) * (k < scores.shape[-1]).unsqueeze(-1)
@@ -334,7 +334,38 @@ class _LapSumTopK(torch.autograd.Function):
             # ∂p_i/∂s_l = β R (δ_il π_i - π_i π_l), R = ½ Σ e^{-|x|}: symmetric, zero row sums
             grad_s = (0.5 * beta * total * pi * (grad_p - vpi)).sum(-2)
             grad_k = vpi.squeeze(-1)
-        return grad_s, grad_k if ctx.needs_input_grad[1] else None, None, None
+        return grad_s, grad_k if ctx.needs_input_grad[1] else None, None
+
+
+class _LapSumTopKNumba(torch.autograd.Function):
+    """:class:`_LapSumTopK` for eager CPU scores in numba (:mod:`diffrank.operators.lapsum_cpu`): forward and first-order
+    VJP in one call each, float32 / float64 computed in float64; ``k`` a list of ks (one row for every set) or a
+    ``(B, M)`` tensor. A recorded backward (create_graph) takes :func:`_topk_vjp_graph`, as there.
+
+    The one Function here without ``setup_context``: with it, every ``apply`` binds its arguments through ``inspect``
+    (~10 µs, a third of the whole top-k at n = 10³). It is reached only where :func:`_numba_ok` holds, i.e. never under
+    torch.func transforms (their tensors are wrapped) nor ``torch.compile``, which take :class:`_LapSumTopK`."""
+
+    @staticmethod
+    def forward(ctx, scores: Tensor, k: Tensor | list[float], beta: float) -> Tensor:
+        p, ctx.t = _lapsum_cpu().topk_forward(scores, k, beta)
+        ctx.beta, ctx.k_list = beta, None if isinstance(k, Tensor) else k
+        # the backward reads the scores and p through numpy views: saved for autograd's check that neither was
+        # modified in place in between (p is the output: saving it costs no memory)
+        ctx.save_for_backward(scores, p, k if isinstance(k, Tensor) else None)
+        return p
+
+    @staticmethod
+    def backward(ctx, grad_p: Tensor):
+        scores, p, k = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            if k is None:
+                k = torch.tensor(ctx.k_list, dtype=scores.dtype).expand(scores.shape[0], -1)
+            grad_s, grad_k = _topk_vjp_graph(scores, k, ctx.beta, grad_p)
+        else:
+            grad_s, grad_k = _lapsum_cpu().topk_backward(scores, ctx.k_list if k is None else k, ctx.t, p, grad_p,
+                                                         ctx.beta)
+        return grad_s, grad_k if ctx.needs_input_grad[1] else None, None
 
 
 def _lapsum_cpu():
@@ -350,6 +381,7 @@ def _lapsum_cpu():
 _CPU = None
 
 
+@_presigned
 class _LapSumRank(torch.autograd.Function):
     """R_i = 1 + Σ_{j≠i} F(β(s_j - s_i)) in O(n log n); returns ``(R, u, order, A + B - 2)`` (only R differentiable);
     first-order VJP in O(n log n), a recorded backward :func:`_rank_vjp_graph` (paper Thm 3.2, App. C.2)."""
@@ -402,7 +434,7 @@ def _topk(scores: Tensor, k: Tensor, beta: float, backend: str) -> Tensor:
         k: ``(B, M)`` validated ks in (0, n], dtype of ``scores``.
         beta: inverse temperature β = 1/|α| > 0.
         backend: ``"auto"`` | ``"torch"`` | ``"triton"``: the Triton kernel of :mod:`diffrank.kernels.lapsum`
-            or the PyTorch path (:class:`_LapSumTopK`; CPU scores take its numba form in
+            or the PyTorch path (:class:`_LapSumTopK`; eager CPU scores take :class:`_LapSumTopKNumba` in
             :meth:`LapSum._topk_membership` instead).
 
     Returns:
@@ -412,7 +444,7 @@ def _topk(scores: Tensor, k: Tensor, beta: float, backend: str) -> Tensor:
         from diffrank.kernels.lapsum import lapsum_topk as kernel_topk
 
         return kernel_topk(scores, k, beta)
-    return _LapSumTopK.apply(scores, k, beta, False)[0]
+    return _LapSumTopK.apply(scores, k, beta)[0]
 
 
 class LapSum(RankingOperator):
@@ -557,7 +589,7 @@ class LapSum(RankingOperator):
         return [float(k) for k in ks], []
 
     def _numba_topk(self, s: Tensor) -> bool:
-        """Whether the top-k of these scores runs :class:`_LapSumTopK` in numba: float32 / float64 CPU scores, no
+        """Whether the top-k of these scores runs :class:`_LapSumTopKNumba`: float32 / float64 CPU scores, no
         Triton kernel, not under ``torch.compile`` (see :func:`_numba_ok`). It computes in float64 (float32
         results rounded once), one call forward and one backward: the PyTorch path's ~20 tensor operations cost
         more than the arithmetic at n <= 10³."""
@@ -580,7 +612,7 @@ class LapSum(RankingOperator):
         else:
             kt = torch.tensor(ks, dtype=s.dtype, device=s.device).expand(B, len(ks))
         if numba:
-            return _LapSumTopK.apply(s, kt, beta, True)[0]
+            return _LapSumTopKNumba.apply(s, kt, beta)
         return _topk(s, kt, beta, self.backend)
 
     def _soft_rank(self, s: Tensor) -> Tensor:

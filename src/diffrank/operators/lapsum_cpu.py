@@ -13,7 +13,7 @@ numba's quicksort, or from n = 2048 on a radix sort, 2.5x faster than ``numpy.so
 - :func:`topk_forward` / :func:`topk_backward`: the whole top-k of float32 / float64 scores (computed in
   float64), forward (with the NaN / inf test of the scores, the inverse and the memberships p = F(t + β s)) and
   closed-form first-order VJP (which reads e^{-|x|} off p where that is exact), one numba call each
-  (:class:`diffrank.operators.lapsum._LapSumTopK` with ``numba=True``).
+  (:class:`diffrank.operators.lapsum._LapSumTopKNumba`).
   The PyTorch path runs ~20 tensor operations (each a dispatch and an allocation) where these make one call;
   at n = 10³ that overhead was most of the time (docs/lapsum_figures.md).
 
@@ -36,8 +36,11 @@ _TINY = float(np.finfo(np.float64).tiny)
 
 
 @numba.njit(cache=True, nogil=True)
-def _knot_sums(s_asc, beta, big_a, big_b, knots):  # pragma: no cover - compiled
-    """A_i, B_i and the knot values Lap(u_i) = i + ½ + ½(A_i - B_i) of one row (u = -β s, s_asc ascending)."""
+def _knot_sums(s_asc, beta, big_a, big_b, knots, rest=0.0):  # pragma: no cover - compiled
+    """A_i, B_i and the knot values Lap(u_i) = i + ½ + ½(A_i - B_i) of one row (u = -β s, s_asc ascending).
+
+    ``rest``: Σ_j e^{β(s_j - s_asc[0])} over items left out of ``s_asc`` (all <= s_asc[0]): then ``s_asc`` holds the
+    m largest scores of a row and the sums are those of the whole row for its m first knots (the top-k forward)."""
     n = s_asc.shape[0]
     # u_i = -β s_(i) with s_(i) descending, i.e. s_asc read backwards; knots holds the shared factors
     # d_j = e^{β (s_asc[j] - s_asc[j+1])} <= 1 until it is overwritten by the knot values
@@ -46,7 +49,7 @@ def _knot_sums(s_asc, beta, big_a, big_b, knots):  # pragma: no cover - compiled
         d = math.exp(beta * (s_asc[n - 1 - i] - s_asc[n - i]))
         knots[n - 1 - i] = d
         big_b[i] = 1.0 + d * big_b[i - 1]
-    big_a[n - 1] = 1.0
+    big_a[n - 1] = 1.0 + rest
     for i in range(n - 2, -1, -1):
         big_a[i] = 1.0 + knots[n - 2 - i] * big_a[i + 1]
     for i in range(n):
@@ -152,17 +155,48 @@ def _sorted(a):  # pragma: no cover - compiled
 def _topk_forward_rows(s, k, beta, t, p):  # pragma: no cover - compiled
     """t[b, m] = Lap⁻¹(k[b, m]) and p[b, m, i] = F(t[b, m] + β s[b, i]); rows with k >= n are all ones.
     ``k``: ``(1 or B, M)``.
+
+    Only the knots up to c = #knots below k enter Lap⁻¹(k), and Lap(u_i) >= (i + 1)/2 (A_i >= 1, B_i <= i + 1), so
+    c <= 2k - 1: the m = ⌊2 max k⌋ + 2 largest scores are selected (``np.partition``, O(n)) and sorted, the others
+    enter through one sum, rest = Σ_j e^{β(s_j - s_ref)} (s_ref the m-th largest). Those items lie below the threshold
+    (the m >= 2k + 1 largest all at or above it would give Σ p >= m/2 > k), so p_j = ½ e^{t + β s_ref} e^{β(s_j - s_ref)}
+    reuses the exponentials of that sum: one exp per item, no full sort (k <= n/4; otherwise the whole row is sorted).
+
     Returns False, computing nothing, when ``s`` holds NaN or ±inf."""
     B, n = s.shape
     for b in range(B):
         for i in range(n):
             if not math.isfinite(s[b, i]):
                 return False
-    big_a, big_b, knots = np.empty(n), np.empty(n), np.empty(n)
+    big_a, big_b, knots, ex = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
     for b in range(B):
-        row = _sorted(s[b])
-        _knot_sums(row, beta, big_a, big_b, knots)
         kb = b if k.shape[0] > 1 else 0
+        kmax = 0.0
+        for m in range(k.shape[1]):
+            if kmax < k[kb, m] < n:
+                kmax = k[kb, m]
+        top_n = int(2.0 * kmax) + 2
+        partial = 4 * top_n <= n
+        if partial:
+            part = np.partition(s[b], n - top_n)
+            row = np.sort(part[n - top_n:])  # the top_n largest, ascending
+            ref = row[0]
+            rest = 0.0
+            for i in range(n):
+                if s[b, i] <= ref:
+                    e = math.exp(beta * (s[b, i] - ref))
+                    ex[i] = e
+                    rest += e
+                else:
+                    ex[i] = -1.0
+            for i in range(top_n):  # the copies of ref among the top_n counted e^0 = 1 each above
+                if row[i] == ref:
+                    rest -= 1.0
+            _knot_sums(row, beta, big_a, big_b, knots, max(rest, 0.0))
+        else:
+            row = _sorted(s[b])
+            ref = 0.0
+            _knot_sums(row, beta, big_a, big_b, knots)
         for m in range(k.shape[1]):
             if k[kb, m] >= n:
                 t[b, m] = math.inf  # not used: the backward skips these rows (p ≡ 1)
@@ -170,7 +204,11 @@ def _topk_forward_rows(s, k, beta, t, p):  # pragma: no cover - compiled
                 continue
             tv = _threshold(row, beta, k[kb, m], big_a, big_b, knots)
             t[b, m] = tv
+            half_ref = 0.5 * math.exp(tv + beta * ref) if partial else 0.0
             for i in range(n):
+                if partial and ex[i] >= 0.0:
+                    p[b, m, i] = half_ref * ex[i]
+                    continue
                 x = tv + beta * s[b, i]
                 e = math.exp(-abs(x))
                 p[b, m, i] = 0.5 * e if x <= 0 else 1.0 - 0.5 * e
@@ -219,7 +257,7 @@ def _f64(x: Tensor) -> np.ndarray:
         x = x.to(torch.float64)
     if not x.is_contiguous():
         x = x.contiguous()
-    return x.numpy(force=True)
+    return x.detach().numpy()
 
 
 def thresholds(scores: Tensor, beta: float, w: Tensor) -> Tensor:
@@ -280,8 +318,8 @@ def topk_forward(scores: Tensor, k: Tensor | list[float], beta: float) -> tuple[
     kn = _ks_array(k)
     B, n = s.shape
     t = np.empty((B, kn.shape[1]), np.float64)
-    p = np.empty((B, kn.shape[1], n), s.dtype if scores.dtype == torch.float64 else np.float32)
-    if not _topk_forward_rows(s, kn, float(beta), t, p):
+    p = np.empty((B, kn.shape[1], n), np.float64 if scores.dtype == torch.float64 else np.float32)
+    if not _topk_forward_rows(s, kn, beta, t, p):
         raise non_finite_error()
     return torch.from_numpy(p), torch.from_numpy(t)
 
@@ -304,6 +342,7 @@ def topk_backward(scores: Tensor, k: Tensor | list[float], t: Tensor, p: Tensor,
     s = _f64(scores)
     grad_s = np.empty(s.shape, np.float64)
     grad_k = np.empty(t.shape, np.float64)
-    _topk_backward_rows(s, _ks_array(k), _array(t), _array(p), _array(grad_p.to(p.dtype)), float(beta), grad_s,
-                        grad_k)
-    return torch.from_numpy(grad_s).to(scores.dtype), torch.from_numpy(grad_k).to(scores.dtype)
+    g = grad_p if grad_p.dtype == p.dtype else grad_p.to(p.dtype)
+    _topk_backward_rows(s, _ks_array(k), t.numpy(), p.detach().numpy(), _array(g), float(beta), grad_s, grad_k)
+    gs, gk = torch.from_numpy(grad_s), torch.from_numpy(grad_k)
+    return (gs, gk) if scores.dtype == torch.float64 else (gs.to(scores.dtype), gk.to(scores.dtype))
