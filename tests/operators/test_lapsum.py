@@ -294,8 +294,8 @@ def _topk_and_grads(fn, x, k, seed=1):
 def test_cpu_numba_topk_equals_the_torch_path():
     """CPU top-k in two numba calls (_LapSumTopKNumba) = the PyTorch path (_LapSumTopK) in values and in the
     gradients for scores and k, to 1e-13 relative in float64 (1e-12 where the forward selects the top 2k + 2), over
-    1e-3 <= β <= 1e8, scales 1e-6 .. 1e30, ties, k at the tails, the middle and k = n, ks as a list and a (B, M) tensor; float32 (computed in float64) to float32
-    rounding."""
+    1e-3 <= β <= 1e8, scales 1e-6 .. 1e30, ties, k at the tails, the middle and k = n, ks as a list and a (B, M)
+    tensor; float32 (computed in float64) to float32 rounding."""
     def path(numba, beta):
         def f(x, k):
             if numba:

@@ -158,9 +158,10 @@ def _topk_forward_rows(s, k, beta, t, p):  # pragma: no cover - compiled
 
     Only the knots up to c = #knots below k enter Lap⁻¹(k), and Lap(u_i) >= (i + 1)/2 (A_i >= 1, B_i <= i + 1), so
     c <= 2k - 1: the m = ⌊2 max k⌋ + 2 largest scores are selected (``np.partition``, O(n)) and sorted, the others
-    enter through one sum, rest = Σ_j e^{β(s_j - s_ref)} (s_ref the m-th largest). Those items lie below the threshold
-    (the m >= 2k + 1 largest all at or above it would give Σ p >= m/2 > k), so p_j = ½ e^{t + β s_ref} e^{β(s_j - s_ref)}
-    reuses the exponentials of that sum: one exp per item, no full sort (k <= n/4; otherwise the whole row is sorted).
+    enter through one sum, rest = Σ_j e^{β(s_j - s_ref)} (s_ref the m-th largest). Those items lie below the
+    threshold (the m >= 2k + 1 largest all at or above it would give Σ p >= m/2 > k), so
+    p_j = ½ e^{t + β s_ref} e^{β(s_j - s_ref)} reuses the exponentials of that sum: one exp per item and no full
+    sort (for k <= n/8; otherwise the whole row is sorted).
 
     Returns False, computing nothing, when ``s`` holds NaN or ±inf."""
     B, n = s.shape
