@@ -339,8 +339,8 @@ class _LapSumTopK(torch.autograd.Function):
 
 class _LapSumTopKNumba(torch.autograd.Function):
     """:class:`_LapSumTopK` for eager CPU scores in numba (:mod:`diffrank.operators.lapsum_cpu`): forward and
-    first-order VJP in one call each, float32 / float64 computed in float64; ``k`` a list of ks (one row for every set) or a
-    ``(B, M)`` tensor. A recorded backward (create_graph) takes :func:`_topk_vjp_graph`, as there.
+    first-order VJP in one call each, float32 / float64 computed in float64; ``k`` a list of ks (one row for every
+    set) or a ``(B, M)`` tensor. A recorded backward (create_graph) takes :func:`_topk_vjp_graph`, as there.
 
     The one Function here without ``setup_context``: with it, every ``apply`` binds its arguments through ``inspect``
     (~10 µs, a third of the whole top-k at n = 10³). It is reached only where :func:`_numba_ok` holds, i.e. never under
