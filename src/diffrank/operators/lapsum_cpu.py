@@ -180,7 +180,7 @@ def _topk_forward_rows(s, k, beta, t, p):  # pragma: no cover - compiled
         partial = 4 * top_n <= n
         if partial:
             part = np.partition(s[b], n - top_n)
-            row = np.sort(part[n - top_n:])  # the top_n largest, ascending
+            row = np.sort(part[n - top_n:]).astype(np.float64)  # the top_n largest, ascending
             ref = row[0]
             rest = 0.0
             for i in range(n):
@@ -195,7 +195,7 @@ def _topk_forward_rows(s, k, beta, t, p):  # pragma: no cover - compiled
                     rest -= 1.0
             _knot_sums(row, beta, big_a, big_b, knots, max(rest, 0.0))
         else:
-            row = _sorted(s[b])
+            row = _sorted(s[b].astype(np.float64))  # float32 scores: the radix sort reads float64 bits
             ref = 0.0
             _knot_sums(row, beta, big_a, big_b, knots)
         for m in range(k.shape[1]):
@@ -294,7 +294,7 @@ def _ks_list(ks: tuple[float, ...]) -> np.ndarray:
 
 def _array(x: Tensor) -> np.ndarray:
     """A C-contiguous numpy view (or copy) of a CPU tensor, in its own dtype."""
-    return (x if x.is_contiguous() else x.contiguous()).numpy(force=True)
+    return (x if x.is_contiguous() else x.contiguous()).detach().numpy()
 
 
 def topk_forward(scores: Tensor, k: Tensor | list[float], beta: float) -> tuple[Tensor, Tensor]:
@@ -315,7 +315,7 @@ def topk_forward(scores: Tensor, k: Tensor | list[float], beta: float) -> tuple[
         ValueError: ``scores`` hold NaN or ±inf (the validation's error, :func:`~diffrank.operators.base.
             non_finite_error`: this pass is the operator's finiteness test, ``LapSum._hook_checks_finite``).
     """
-    s = _f64(scores)
+    s = _array(scores)  # float32 is read as it is (numba promotes it): no converted copy
     kn = _ks_array(k)
     B, n = s.shape
     t = np.empty((B, kn.shape[1]), np.float64)
@@ -340,10 +340,9 @@ def topk_backward(scores: Tensor, k: Tensor | list[float], t: Tensor, p: Tensor,
     Returns:
         ``(grad_s (B, n), grad_k (B, M))`` in the dtype of ``scores``.
     """
-    s = _f64(scores)
-    grad_s = np.empty(s.shape, np.float64)
-    grad_k = np.empty(t.shape, np.float64)
+    s = _array(scores)
+    grad_s = np.empty(s.shape, s.dtype)  # written in the scores' dtype (sums over the ks in it)
+    grad_k = np.empty(t.shape, s.dtype)
     g = grad_p if grad_p.dtype == p.dtype else grad_p.to(p.dtype)
     _topk_backward_rows(s, _ks_array(k), t.numpy(), p.detach().numpy(), _array(g), float(beta), grad_s, grad_k)
-    gs, gk = torch.from_numpy(grad_s), torch.from_numpy(grad_k)
-    return (gs, gk) if scores.dtype == torch.float64 else (gs.to(scores.dtype), gk.to(scores.dtype))
+    return torch.from_numpy(grad_s), torch.from_numpy(grad_k)
