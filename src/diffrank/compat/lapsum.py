@@ -216,7 +216,7 @@ def cross_entropy(x: Tensor, target: Tensor, alpha: float | Tensor = 1, reductio
     op = LapSum(beta)
     b = op.inverse(x, torch.arange(1, n, dtype=x.dtype, device=x.device))  # b_j = Lap⁻¹(j), decreasing, (B, n - 1)
     inf = torch.full_like(b[:, :1], math.inf)
-    edges = beta * torch.cat([inf, b, -inf], dim=-1)  # β b_0 = +inf, ..., β b_n = -inf
+    edges = torch.cat([inf, beta * b, -inf], dim=-1)  # β b_0 = +inf, ..., β b_n = -inf (β·inf: a NaN ∂/∂β)
     row = n - target.long()  # diffrank's rank (1 = largest) of position t (0 = smallest)
     s = beta * x
     logp = log_interval_mass(s - edges.gather(-1, row - 1), s - edges.gather(-1, row))
