@@ -28,6 +28,19 @@ never autodiff through the forward: top-k O(M n), rank O(n log n) (prefix sums o
 instead of the official O(n²) loop), inverse / sort O(n log n) (sweep over merged sorted thresholds and
 knots). Half-precision inputs are computed in float32 and cast back (by :class:`RankingOperator`).
 
+Second derivatives are exact: a backward that is itself recorded (``create_graph=True``, ``torch.autograd.functional
+.hessian``, ``torch.func``) evaluates the same closed forms in differentiable PyTorch operations (``_*_vjp_graph``;
+O(M n) or O(n²) memory per row), with the thresholds entering through :class:`_LapSumInverse`, whose own backward is
+such a form again (implicit differentiation of Σ_j F(β(s_j - b)) = w). A tensor β that requires grad is learnable:
+every quantity depends on β·s only (the soft sort and :meth:`LapSum.inverse` are that divided by β), so the scores
+are multiplied by β before the β = 1 computation and ∂L/∂β = ⟨s, ∂L/∂(βs)⟩ (the closed form of the official ∂α).
+Every custom Function has ``setup_context`` and a vmap rule (the vmapped dimension folds into the rows) but the eager
+CPU top-k (:class:`_LapSumTopKNumba`, which transforms and ``torch.compile`` never reach); under ``torch.compile`` the
+numba code gives way to the PyTorch forms, so dynamo never traces into numba.
+
+The CPU top-k (float32 and float64) runs in numba (:mod:`diffrank.operators.lapsum_cpu`): one call forward, one
+backward; for k <= n/8 it selects the 2k + 2 largest scores instead of sorting the row.
+
 Triton (``backend``): :mod:`diffrank.kernels.lapsum` computes the knot sums as fused forward / reverse scans
 of linear recurrences, the inverse by a binary search and the same closed form, the top-k membership and
 its VJP, the soft-rank VJP and the inverse's VJP (soft sort / permutation backward) as scans again.
