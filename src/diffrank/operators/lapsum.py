@@ -362,7 +362,7 @@ class _LapSumTopKNumba(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, scores: Tensor, k: Tensor | list[float], beta: float) -> Tensor:
-        p, ctx.t = _lapsum_cpu().topk_forward(scores, k, beta)
+        p, ctx.state = _lapsum_cpu().topk_forward(scores, k, beta)
         ctx.beta, ctx.k_list = beta, None if isinstance(k, Tensor) else k
         # the backward reads the scores and p through numpy views: saved for autograd's check that neither was
         # modified in place in between (p is the output: saving it costs no memory)
@@ -377,8 +377,7 @@ class _LapSumTopKNumba(torch.autograd.Function):
                 k = torch.tensor(ctx.k_list, dtype=scores.dtype).expand(scores.shape[0], -1)
             grad_s, grad_k = _topk_vjp_graph(scores, k, ctx.beta, grad_p)
         else:
-            grad_s, grad_k = _lapsum_cpu().topk_backward(scores, ctx.k_list if k is None else k, ctx.t, p, grad_p,
-                                                         ctx.beta)
+            grad_s, grad_k = _lapsum_cpu().topk_backward(ctx.state, grad_p, ctx.beta)
         return grad_s, grad_k if ctx.needs_input_grad[1] else None, None
 
 

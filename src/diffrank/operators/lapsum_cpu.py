@@ -297,7 +297,7 @@ def _array(x: Tensor) -> np.ndarray:
     return (x if x.is_contiguous() else x.contiguous()).detach().numpy()
 
 
-def topk_forward(scores: Tensor, k: Tensor | list[float], beta: float) -> tuple[Tensor, Tensor]:
+def topk_forward(scores: Tensor, k: Tensor | list[float], beta: float) -> tuple[Tensor, tuple]:
     """The soft top-k forward.
 
     Args:
@@ -308,8 +308,10 @@ def topk_forward(scores: Tensor, k: Tensor | list[float], beta: float) -> tuple[
         beta: β > 0.
 
     Returns:
-        ``(p, t)``: the memberships ``p (B, M, n)`` in the dtype of ``scores``, p = F(t + β s), and the float64
-        thresholds ``t = Lap⁻¹(k) (B, M)`` (+inf where k >= n) that :func:`topk_backward` takes.
+        ``(p, state)``: the memberships ``p (B, M, n)`` in the dtype of ``scores``, p = F(t + β s) with the float64
+        thresholds t = Lap⁻¹(k) (+inf where k >= n), and what :func:`topk_backward` takes (numpy views of the scores
+        and of p, the ks and t: no conversion in the backward; the caller keeps autograd's in-place check on the
+        scores and p).
 
     Raises:
         ValueError: ``scores`` hold NaN or ±inf (the validation's error, :func:`~diffrank.operators.base.
@@ -322,11 +324,10 @@ def topk_forward(scores: Tensor, k: Tensor | list[float], beta: float) -> tuple[
     p = np.empty((B, kn.shape[1], n), np.float64 if scores.dtype == torch.float64 else np.float32)
     if not _topk_forward_rows(s, kn, beta, t, p):
         raise non_finite_error()
-    return torch.from_numpy(p), torch.from_numpy(t)
+    return torch.from_numpy(p), (s, kn, t, p)
 
 
-def topk_backward(scores: Tensor, k: Tensor | list[float], t: Tensor, p: Tensor, grad_p: Tensor,
-                  beta: float) -> tuple[Tensor, Tensor]:
+def topk_backward(state: tuple, grad_p: Tensor, beta: float) -> tuple[Tensor, Tensor]:
     """The VJP of :func:`topk_forward` (first order only: the operator's double backward takes the differentiable
     PyTorch form, :func:`diffrank.operators.lapsum._topk_vjp_graph`).
 
@@ -334,15 +335,16 @@ def topk_backward(scores: Tensor, k: Tensor | list[float], t: Tensor, p: Tensor,
     ∂L/∂s_l = β R Σ_m π_l (v_l - ⟨v, π⟩) (paper App. C.2; rows with k >= n contribute nothing).
 
     Args:
-        scores, k, beta: as given to :func:`topk_forward`; t, p: what it returned.
-        grad_p: ``(B, M, n)`` upstream gradient, dtype of p.
+        state: what :func:`topk_forward` returned with p.
+        grad_p: ``(B, M, n)`` upstream gradient.
+        beta: β > 0.
 
     Returns:
-        ``(grad_s (B, n), grad_k (B, M))`` in the dtype of ``scores``.
+        ``(grad_s (B, n), grad_k (B, M))`` in the dtype of the scores (sums over the ks in it).
     """
-    s = _array(scores)
-    grad_s = np.empty(s.shape, s.dtype)  # written in the scores' dtype (sums over the ks in it)
+    s, kn, t, p = state
+    grad_s = np.empty(s.shape, s.dtype)
     grad_k = np.empty(t.shape, s.dtype)
-    g = grad_p if grad_p.dtype == p.dtype else grad_p.to(p.dtype)
-    _topk_backward_rows(s, _ks_array(k), t.numpy(), p.detach().numpy(), _array(g), float(beta), grad_s, grad_k)
+    g = _array(grad_p)  # autograd gives the output's dtype
+    _topk_backward_rows(s, kn, t, p, g if g.dtype == p.dtype else g.astype(p.dtype), beta, grad_s, grad_k)
     return torch.from_numpy(grad_s), torch.from_numpy(grad_k)
