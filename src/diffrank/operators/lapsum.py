@@ -606,9 +606,9 @@ class LapSum(RankingOperator):
         Triton kernel, not under ``torch.compile`` (see :func:`_numba_ok`). It computes in float64 (float32
         results rounded once), one call forward and one backward: the PyTorch path's ~20 tensor operations cost
         more than the arithmetic at n <= 10³."""
-        # CPU scores never take a Triton kernel but under backend="triton" (use_triton), checked first: the cheap
-        # tests first, as this runs twice a call (validation asks _hook_checks_finite)
-        return self.backend != "triton" and s.dtype in _NUMBA_DTYPES and _numba_ok(s)
+        # the cheap tests first: this runs twice a call (validation asks _hook_checks_finite)
+        return (self.backend != "triton" and s.dtype in _NUMBA_DTYPES and _numba_ok(s)
+                and not use_triton(self.backend, s))
 
     def _hook_checks_finite(self, capability: str, scores: Tensor) -> bool:
         """The CPU top-k tests the scores for NaN / inf in its numba pass (:func:`lapsum_cpu.topk_forward`)."""
