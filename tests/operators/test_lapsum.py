@@ -363,11 +363,11 @@ def test_cpu_numba_topk_checks_finite_scores_itself():
 
 
 def test_cpu_radix_sort_equals_numpy_sort():
-    """The top-k kernel's radix sort (n >= 2048) = numpy.sort: signs, ±0, subnormals, the extremes, ties, and
-    rows whose high bytes are all equal (skipped passes)."""
+    """The top-k kernel's radix sort (n >= 2048) and its selection of the m largest = numpy.sort: signs, ±0,
+    subnormals, the extremes, ties, and rows whose high bytes are all equal (skipped passes)."""
     import numpy as np
 
-    from diffrank.operators.lapsum_cpu import _radix_sorted
+    from diffrank.operators.lapsum_cpu import _largest_sorted, _radix_sorted
 
     rng = np.random.default_rng(0)
     special = np.array([0.0, -0.0, 5e-324, -5e-324, 2.2e-308, -2.2e-308, 1.7e308, -1.7e308, 1.0, -1.0, 1.0])
@@ -377,6 +377,8 @@ def test_cpu_radix_sort_equals_numpy_sort():
         got = _radix_sorted(a)
         assert np.array_equal(got, np.sort(a)) and np.array_equal(np.signbit(got[got != 0]), np.signbit(
             np.sort(a)[np.sort(a) != 0]))
+        for m in (1, 2, 12, 64):  # the top-k forward's selection of the m largest (k <= n/8)
+            assert np.array_equal(_largest_sorted(a, min(m, a.shape[0])), np.sort(a)[-min(m, a.shape[0]):])
 
 
 def _capabilities(op):

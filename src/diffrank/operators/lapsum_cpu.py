@@ -151,6 +151,33 @@ def _sorted(a):  # pragma: no cover - compiled
     return np.sort(a) if a.shape[0] < _RADIX_MIN_N else _radix_sorted(a)
 
 
+_BUFFER_MAX_TOP = 64  # up to this many largest, one pass with a sorted buffer beats np.partition (a copy, a select)
+
+
+@numba.njit(cache=True, nogil=True)
+def _largest_sorted(a, m):  # pragma: no cover - compiled
+    """The m largest values of ``a`` (1-D, m <= len(a)), ascending, float64: one pass keeping them in a sorted
+    buffer (insertion; an item below the buffer's minimum, most of them, costs one comparison)."""
+    out = np.empty(m)
+    for i in range(m):  # the first m, by insertion
+        x = a[i]
+        j = i
+        while j > 0 and out[j - 1] > x:
+            out[j] = out[j - 1]
+            j -= 1
+        out[j] = x
+    for i in range(m, a.shape[0]):
+        x = a[i]
+        if x <= out[0]:
+            continue
+        j = 1
+        while j < m and out[j] < x:
+            out[j - 1] = out[j]
+            j += 1
+        out[j - 1] = x
+    return out
+
+
 @numba.njit(cache=True, nogil=True)
 def _topk_forward_rows(s, k, beta, t, p):  # pragma: no cover - compiled
     """t[b, m] = Lap⁻¹(k[b, m]) and p[b, m, i] = F(t[b, m] + β s[b, i]); rows with k >= n are all ones.
@@ -179,8 +206,10 @@ def _topk_forward_rows(s, k, beta, t, p):  # pragma: no cover - compiled
         top_n = int(2.0 * kmax) + 2
         partial = 4 * top_n <= n
         if partial:
-            part = np.partition(s[b], n - top_n)
-            row = np.sort(part[n - top_n:]).astype(np.float64)  # the top_n largest, ascending
+            if top_n <= _BUFFER_MAX_TOP:
+                row = _largest_sorted(s[b], top_n)
+            else:
+                row = np.sort(np.partition(s[b], n - top_n)[n - top_n:]).astype(np.float64)
             ref = row[0]
             rest = 0.0
             for i in range(n):
