@@ -27,8 +27,8 @@ import importlib
 import os
 import sys
 
-SUITES = ["basic", "networks", "others", "torchsort_parity", "grid", "lapsum_figures"]
-DEFAULT_SUITES = ["basic", "networks", "others", "torchsort_parity"]
+SUITES = ["basic", "networks", "others", "torchsort_parity", "lapsum_parity", "grid", "lapsum_figures"]
+DEFAULT_SUITES = ["basic", "networks", "others", "torchsort_parity", "lapsum_parity"]
 
 
 def main(argv: list[str] | None = None) -> None:

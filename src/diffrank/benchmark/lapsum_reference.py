@@ -27,11 +27,14 @@ _CACHE: dict = {}
 
 
 def source_dir() -> Path:
-    """The official checkout (``DIFFRANK_LAPSUM_OFFICIAL`` or ``<repo>/../shared/peers/lapsum_official``)."""
+    """The official checkout: ``DIFFRANK_LAPSUM_OFFICIAL``, else ``<repo>/../shared/peers/lapsum_official`` (the main
+    checkout), else ``<repo>/../../shared/…`` (a worktree one level further down)."""
     env = os.environ.get("DIFFRANK_LAPSUM_OFFICIAL")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[4].parent / "shared" / "peers" / "lapsum_official"
+    repo = Path(__file__).resolve().parents[3]
+    near = repo.parent / "shared" / "peers" / "lapsum_official"
+    return near if near.exists() else repo.parent.parent / "shared" / "peers" / "lapsum_official"
 
 
 def build_dir() -> Path:

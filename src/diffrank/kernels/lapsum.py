@@ -36,6 +36,7 @@ import triton.language as tl
 from torch import Tensor
 
 from diffrank.kernels._common import block_size
+from diffrank.operators.lapsum import _inverse_vjp_graph, _presigned, _rank_vjp_graph, _topk_vjp_graph, _vmap_rows
 
 _KNOTS, _RANK_VJP, _INVERSE_VJP = 0, 1, 2
 
@@ -314,11 +315,14 @@ def _inverse_vjp(s_sorted: Tensor, beta: Tensor, t: Tensor, c: Tensor, a: Tensor
     return g
 
 
+@_presigned
 class _TopK(torch.autograd.Function):
-    """p[b, m, i] = F(t_bm + β s_bi), t = Lap⁻¹(k_bm) (Thm 3.3); VJP in one kernel (App. C.2)."""
+    """p[b, m, i] = F(t_bm + β s_bi), t = Lap⁻¹(k_bm) (Thm 3.3); returns ``(p, t)`` (t not differentiable). VJP in
+    one kernel (App. C.2); a recorded backward (create_graph, torch.func) takes the differentiable closed form
+    :func:`~diffrank.operators.lapsum._topk_vjp_graph` (exact second derivatives)."""
 
     @staticmethod
-    def forward(ctx, scores: Tensor, k: Tensor, beta: float) -> Tensor:
+    def forward(scores: Tensor, k: Tensor, beta: float) -> tuple[Tensor, Tensor]:
         s = scores.contiguous()
         R, n = s.shape
         dt = _dtype(s)
@@ -328,59 +332,104 @@ class _TopK(torch.autograd.Function):
         M = kk.shape[-1]
         p = torch.empty(R, M, n, dtype=scores.dtype, device=s.device)
         _lapsum_topk_fwd[(R * M,)](s, bt, t, kk, p, n, M, BLOCK=block_size(n, _MAX_BLOCK))
-        ctx.save_for_backward(s, bt, t, kk)
-        return p
+        return p, t
 
     @staticmethod
-    def backward(ctx, grad_p: Tensor):
-        s, bt, t, kk = ctx.saved_tensors
+    def setup_context(ctx, inputs, output) -> None:
+        scores, k, ctx.beta = inputs
+        ctx.mark_non_differentiable(output[1])
+        ctx.save_for_backward(scores, k, output[1])
+
+    @staticmethod
+    def vmap(info, in_dims, scores, k, beta):
+        return _vmap_rows(_TopK, info, in_dims, scores, k, beta)
+
+    @staticmethod
+    def backward(ctx, grad_p: Tensor, _grad_t: Tensor):
+        scores, k, t = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            grad_s, grad_k = _topk_vjp_graph(scores, k.to(scores.dtype), ctx.beta, grad_p)
+            return grad_s, grad_k.to(k.dtype) if ctx.needs_input_grad[1] else None, None
+        s = scores.contiguous()
         R, n = s.shape
+        bt = _beta(ctx.beta, _dtype(s), s.device)
+        kk = k.to(bt.dtype).contiguous()
         M = kk.shape[-1]
         ds = torch.zeros(R, n, dtype=bt.dtype, device=s.device)
         dk = torch.empty(R, M, dtype=bt.dtype, device=s.device)
         _lapsum_topk_bwd[(R,)](s, bt, t, kk, grad_p.contiguous(), ds, dk, n, M, BLOCK=block_size(n, _MAX_BLOCK))
-        grad_k = dk.to(kk.dtype) if ctx.needs_input_grad[1] else None
+        grad_k = dk.to(k.dtype) if ctx.needs_input_grad[1] else None
         return ds.to(s.dtype), grad_k, None
 
 
+@_presigned
 class _Rank(torch.autograd.Function):
-    """R_i = Lap_s(s_i) + ½ (Thm 3.2) from the knot scan; VJP from the same scans (App. C.2)."""
+    """R_i = Lap_s(s_i) + ½ (Thm 3.2) from the knot scan; returns ``(R, s_sorted, order, A + B - 2)`` (only R
+    differentiable); VJP from the same scans (App. C.2), a recorded backward the differentiable
+    :func:`~diffrank.operators.lapsum._rank_vjp_graph`."""
 
     @staticmethod
-    def forward(ctx, scores: Tensor, beta: float) -> Tensor:
+    def forward(scores: Tensor, beta: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         s_sorted, order = scores.sort(dim=-1, descending=True)
-        bt = _beta(beta, _dtype(scores), scores.device)
-        a, b, knots = _knots(s_sorted.contiguous(), bt)
-        ctx.save_for_backward(s_sorted, order, bt, a + b - 2)
-        return _unsort((knots + 0.5).to(scores.dtype), order)
+        s_sorted = s_sorted.contiguous()
+        a, b, knots = _knots(s_sorted, _beta(beta, _dtype(scores), scores.device))
+        return _unsort((knots + 0.5).to(scores.dtype), order), s_sorted, order, a + b - 2
 
     @staticmethod
-    def backward(ctx, grad_r: Tensor):
-        s_sorted, order, bt, ab = ctx.saved_tensors
+    def setup_context(ctx, inputs, output) -> None:
+        scores, ctx.beta = inputs
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.save_for_backward(scores, *output[1:])
+
+    @staticmethod
+    def vmap(info, in_dims, scores, beta):
+        return _vmap_rows(_Rank, info, in_dims, scores, beta)
+
+    @staticmethod
+    def backward(ctx, grad_r: Tensor, *_aux):
+        scores, s_sorted, order, ab = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            return _rank_vjp_graph(scores, ctx.beta, grad_r), None
         R, n = s_sorted.shape
+        bt = _beta(ctx.beta, ab.dtype, s_sorted.device)
         v = grad_r.gather(-1, order).to(bt.dtype).contiguous()
         scratch = torch.empty(2, R, n, dtype=bt.dtype, device=v.device)
         g = torch.empty(R, n, dtype=bt.dtype, device=v.device)
-        _lapsum_scan[(R,)](s_sorted.contiguous(), bt, v, ab, scratch[0], scratch[1], g, n, MODE=_RANK_VJP,
+        _lapsum_scan[(R,)](s_sorted, bt, v, ab, scratch[0], scratch[1], g, n, MODE=_RANK_VJP,
                            BLOCK=block_size(n, _MAX_BLOCK))
         return _unsort(g, order).to(s_sorted.dtype), None
 
 
+@_presigned
 class _Inverse(torch.autograd.Function):
-    """b = Lap_s⁻¹(w) in score units; VJP ∂b_m/∂s_l = softmax_l(-β|b_m - s_l|) by per-gap sums and two scans."""
+    """b = Lap_s⁻¹(w) in score units; returns ``(b, s_sorted, order, t, c, A, B)`` (only b differentiable). VJP
+    ∂b_m/∂s_l = softmax_l(-β|b_m - s_l|) by per-gap sums and two scans; a recorded backward (or a w that requires
+    grad) the differentiable :func:`~diffrank.operators.lapsum._inverse_vjp_graph`."""
 
     @staticmethod
-    def forward(ctx, scores: Tensor, w: Tensor, beta: float) -> Tensor:
+    def forward(scores: Tensor, w: Tensor, beta: float) -> tuple[Tensor, ...]:
         s_sorted, order = scores.sort(dim=-1, descending=True)
         s_sorted = s_sorted.contiguous()
-        bt = _beta(beta, _dtype(scores), scores.device)
-        t, c, a, b = _inverse(s_sorted, bt, w)
-        ctx.save_for_backward(s_sorted, order, bt, t, c, a, b)
-        return (-t / beta).to(scores.dtype)
+        t, c, a, b = _inverse(s_sorted, _beta(beta, _dtype(scores), scores.device), w)
+        return (-t / beta).to(scores.dtype), s_sorted, order, t, c, a, b
 
     @staticmethod
-    def backward(ctx, grad_b: Tensor):
-        s_sorted, order, bt, t, c, a, b = ctx.saved_tensors
+    def setup_context(ctx, inputs, output) -> None:
+        scores, _, ctx.beta = inputs
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.save_for_backward(scores, *output)
+
+    @staticmethod
+    def vmap(info, in_dims, scores, w, beta):
+        return _vmap_rows(_Inverse, info, in_dims, scores, w, beta)
+
+    @staticmethod
+    def backward(ctx, grad_b: Tensor, *_aux):
+        scores, out, s_sorted, order, t, c, a, b = ctx.saved_tensors
+        if torch.is_grad_enabled() or ctx.needs_input_grad[1]:
+            grad_s, grad_w = _inverse_vjp_graph(scores, out, ctx.beta, grad_b, ctx.needs_input_grad[1])
+            return grad_s, grad_w, None
+        bt = _beta(ctx.beta, t.dtype, t.device)
         grad_sorted = _inverse_vjp(s_sorted, bt, t, c, a, b, grad_b.to(t.dtype))  # ∂b/∂s = ∂t/∂u
         return _unsort(grad_sorted, order).to(s_sorted.dtype), None, None
 
@@ -404,7 +453,7 @@ def lapsum_topk(scores: Tensor, k: Tensor, beta: float) -> Tensor:
     Raises:
         Nothing of its own: the caller (:class:`~diffrank.operators.lapsum.LapSum`) validates the inputs.
     """
-    return _TopK.apply(scores, k, beta)
+    return _TopK.apply(scores, k, beta)[0]
 
 
 def lapsum_rank(scores: Tensor, beta: float) -> Tensor:
@@ -420,7 +469,7 @@ def lapsum_rank(scores: Tensor, beta: float) -> Tensor:
     Raises:
         Nothing of its own: the caller (:class:`~diffrank.operators.lapsum.LapSum`) validates the inputs.
     """
-    return _Rank.apply(scores, beta)
+    return _Rank.apply(scores, beta)[0]
 
 
 def lapsum_inverse(scores: Tensor, w: Tensor, beta: float) -> Tensor:
@@ -437,5 +486,5 @@ def lapsum_inverse(scores: Tensor, w: Tensor, beta: float) -> Tensor:
     Raises:
         Nothing of its own: the caller (:class:`~diffrank.operators.lapsum.LapSum`) validates the inputs.
     """
-    return _Inverse.apply(scores, w, beta)
+    return _Inverse.apply(scores, w, beta)[0]
 

@@ -10,9 +10,10 @@ numba's quicksort, or from n = 2048 on a radix sort, 2.5x faster than ``numpy.so
 
 - :func:`thresholds`: the inverse alone (float32 / float64), for the PyTorch path of
   :class:`diffrank.operators.lapsum._LapSumTopK`.
-- :func:`topk_forward` / :func:`topk_backward`: the whole top-k of float64 scores, forward (with the NaN / inf
-  test of the scores, the inverse and the memberships p = F(t + β s)) and closed-form VJP (which reads
-  e^{-|x|} off p where that is exact), one numba call each (:class:`diffrank.operators.lapsum._LapSumTopKCPU`).
+- :func:`topk_forward` / :func:`topk_backward`: the whole top-k of float32 / float64 scores (computed in
+  float64), forward (with the NaN / inf test of the scores, the inverse and the memberships p = F(t + β s)) and
+  closed-form first-order VJP (which reads e^{-|x|} off p where that is exact), one numba call each
+  (:class:`diffrank.operators.lapsum._LapSumTopKNumba`).
   The PyTorch path runs ~20 tensor operations (each a dispatch and an allocation) where these make one call;
   at n = 10³ that overhead was most of the time (docs/lapsum_figures.md).
 
@@ -35,8 +36,11 @@ _TINY = float(np.finfo(np.float64).tiny)
 
 
 @numba.njit(cache=True, nogil=True)
-def _knot_sums(s_asc, beta, big_a, big_b, knots):  # pragma: no cover - compiled
-    """A_i, B_i and the knot values Lap(u_i) = i + ½ + ½(A_i - B_i) of one row (u = -β s, s_asc ascending)."""
+def _knot_sums(s_asc, beta, big_a, big_b, knots, rest=0.0):  # pragma: no cover - compiled
+    """A_i, B_i and the knot values Lap(u_i) = i + ½ + ½(A_i - B_i) of one row (u = -β s, s_asc ascending).
+
+    ``rest``: Σ_j e^{β(s_j - s_asc[0])} over items left out of ``s_asc`` (all <= s_asc[0]): then ``s_asc`` holds the
+    m largest scores of a row and the sums are those of the whole row for its m first knots (the top-k forward)."""
     n = s_asc.shape[0]
     # u_i = -β s_(i) with s_(i) descending, i.e. s_asc read backwards; knots holds the shared factors
     # d_j = e^{β (s_asc[j] - s_asc[j+1])} <= 1 until it is overwritten by the knot values
@@ -45,7 +49,7 @@ def _knot_sums(s_asc, beta, big_a, big_b, knots):  # pragma: no cover - compiled
         d = math.exp(beta * (s_asc[n - 1 - i] - s_asc[n - i]))
         knots[n - 1 - i] = d
         big_b[i] = 1.0 + d * big_b[i - 1]
-    big_a[n - 1] = 1.0
+    big_a[n - 1] = 1.0 + rest
     for i in range(n - 2, -1, -1):
         big_a[i] = 1.0 + knots[n - 2 - i] * big_a[i + 1]
     for i in range(n):
@@ -147,21 +151,82 @@ def _sorted(a):  # pragma: no cover - compiled
     return np.sort(a) if a.shape[0] < _RADIX_MIN_N else _radix_sorted(a)
 
 
+_BUFFER_MAX_TOP = 64  # up to this many largest, one pass with a sorted buffer beats np.partition (a copy, a select)
+
+
+@numba.njit(cache=True, nogil=True)
+def _largest_sorted(a, m):  # pragma: no cover - compiled
+    """The m largest values of ``a`` (1-D, m <= len(a)), ascending, float64: one pass keeping them in a sorted
+    buffer (insertion; an item below the buffer's minimum, most of them, costs one comparison)."""
+    out = np.empty(m)
+    for i in range(m):  # the first m, by insertion
+        x = a[i]
+        j = i
+        while j > 0 and out[j - 1] > x:
+            out[j] = out[j - 1]
+            j -= 1
+        out[j] = x
+    for i in range(m, a.shape[0]):
+        x = a[i]
+        if x <= out[0]:
+            continue
+        j = 1
+        while j < m and out[j] < x:
+            out[j - 1] = out[j]
+            j += 1
+        out[j - 1] = x
+    return out
+
+
 @numba.njit(cache=True, nogil=True)
 def _topk_forward_rows(s, k, beta, t, p):  # pragma: no cover - compiled
     """t[b, m] = Lap⁻¹(k[b, m]) and p[b, m, i] = F(t[b, m] + β s[b, i]); rows with k >= n are all ones.
     ``k``: ``(1 or B, M)``.
+
+    Only the knots up to c = #knots below k enter Lap⁻¹(k), and Lap(u_i) >= (i + 1)/2 (A_i >= 1, B_i <= i + 1), so
+    c <= 2k - 1: the m = ⌊2 max k⌋ + 2 largest scores are selected (``np.partition``, O(n)) and sorted, the others
+    enter through one sum, rest = Σ_j e^{β(s_j - s_ref)} (s_ref the m-th largest). Those items lie below the
+    threshold (the m >= 2k + 1 largest all at or above it would give Σ p >= m/2 > k), so
+    p_j = ½ e^{t + β s_ref} e^{β(s_j - s_ref)} reuses the exponentials of that sum: one exp per item and no full
+    sort (for k <= n/8; otherwise the whole row is sorted).
+
     Returns False, computing nothing, when ``s`` holds NaN or ±inf."""
     B, n = s.shape
     for b in range(B):
         for i in range(n):
             if not math.isfinite(s[b, i]):
                 return False
-    big_a, big_b, knots = np.empty(n), np.empty(n), np.empty(n)
+    big_a, big_b, knots, ex = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
     for b in range(B):
-        row = _sorted(s[b])
-        _knot_sums(row, beta, big_a, big_b, knots)
         kb = b if k.shape[0] > 1 else 0
+        kmax = 0.0
+        for m in range(k.shape[1]):
+            if kmax < k[kb, m] < n:
+                kmax = k[kb, m]
+        top_n = int(2.0 * kmax) + 2
+        partial = 4 * top_n <= n
+        if partial:
+            if top_n <= _BUFFER_MAX_TOP:
+                row = _largest_sorted(s[b], top_n)
+            else:
+                row = np.sort(np.partition(s[b], n - top_n)[n - top_n:]).astype(np.float64)
+            ref = row[0]
+            rest = 0.0
+            for i in range(n):
+                if s[b, i] <= ref:
+                    e = math.exp(beta * (s[b, i] - ref))
+                    ex[i] = e
+                    rest += e
+                else:
+                    ex[i] = -1.0
+            for i in range(top_n):  # the copies of ref among the top_n counted e^0 = 1 each above
+                if row[i] == ref:
+                    rest -= 1.0
+            _knot_sums(row, beta, big_a, big_b, knots, max(rest, 0.0))
+        else:
+            row = _sorted(s[b].astype(np.float64))  # float32 scores: the radix sort reads float64 bits
+            ref = 0.0
+            _knot_sums(row, beta, big_a, big_b, knots)
         for m in range(k.shape[1]):
             if k[kb, m] >= n:
                 t[b, m] = math.inf  # not used: the backward skips these rows (p ≡ 1)
@@ -169,7 +234,11 @@ def _topk_forward_rows(s, k, beta, t, p):  # pragma: no cover - compiled
                 continue
             tv = _threshold(row, beta, k[kb, m], big_a, big_b, knots)
             t[b, m] = tv
+            half_ref = 0.5 * math.exp(tv + beta * ref) if partial else 0.0
             for i in range(n):
+                if partial and ex[i] >= 0.0:
+                    p[b, m, i] = half_ref * ex[i]
+                    continue
                 x = tv + beta * s[b, i]
                 e = math.exp(-abs(x))
                 p[b, m, i] = 0.5 * e if x <= 0 else 1.0 - 0.5 * e
@@ -183,7 +252,8 @@ def _topk_backward_rows(s, k, t, p, g, beta, grad_s, grad_k):  # pragma: no cove
 
     e = e^{-|x|} is read off the forward's p where that is exact, instead of a second exp: tiny < p < ½ means
     x <= 0 (x > 0 gives p = fl(1 - ½e) >= ½) and p = ½e with ½e a normal number (halving is exact there), so
-    e = 2p to the bit. That holds for all items but the ~k largest, which are recomputed (the same exp)."""
+    e = 2p to the bit (for float32 p, to float32 rounding: the precision of a float32 gradient). That holds for all
+    items but the ~k largest, which are recomputed (the same exp)."""
     B, n = s.shape
     ex = np.empty(n)
     for b in range(B):
@@ -217,7 +287,7 @@ def _f64(x: Tensor) -> np.ndarray:
         x = x.to(torch.float64)
     if not x.is_contiguous():
         x = x.contiguous()
-    return x.numpy(force=True)
+    return x.detach().numpy()
 
 
 def thresholds(scores: Tensor, beta: float, w: Tensor) -> Tensor:
@@ -251,36 +321,44 @@ def _ks_list(ks: tuple[float, ...]) -> np.ndarray:
     return np.array(ks, np.float64, ndmin=2)
 
 
+def _array(x: Tensor) -> np.ndarray:
+    """A C-contiguous numpy view (or copy) of a CPU tensor, in its own dtype."""
+    return (x if x.is_contiguous() else x.contiguous()).detach().numpy()
+
+
 def topk_forward(scores: Tensor, k: Tensor | list[float], beta: float) -> tuple[Tensor, tuple]:
     """The soft top-k forward.
 
     Args:
-        scores: ``(B, n)`` float64 CPU (validated but for NaN / inf, which this pass tests).
+        scores: ``(B, n)`` float32 / float64 CPU (validated but for NaN / inf, which this pass tests); float32
+            scores are computed in float64 and p rounded once to float32.
         k: ks in (0, n] (k >= n gives all ones): a list (one row of ks for every set) or a tensor ``(M,)`` or
             ``(B, M)``.
         beta: β > 0.
 
     Returns:
-        ``(p, state)``: the memberships ``p (B, M, n)``, p = F(t + β s) with t = Lap⁻¹(k), and what
-        :func:`topk_backward` takes (numpy views of the scores and of p, the ks and the thresholds t; the caller
-        keeps autograd's in-place check on the scores and p).
+        ``(p, state)``: the memberships ``p (B, M, n)`` in the dtype of ``scores``, p = F(t + β s) with the float64
+        thresholds t = Lap⁻¹(k) (+inf where k >= n), and what :func:`topk_backward` takes (numpy views of the scores
+        and of p, the ks and t: no conversion in the backward; the caller keeps autograd's in-place check on the
+        scores and p).
 
     Raises:
         ValueError: ``scores`` hold NaN or ±inf (the validation's error, :func:`~diffrank.operators.base.
             non_finite_error`: this pass is the operator's finiteness test, ``LapSum._hook_checks_finite``).
     """
-    s = (scores if scores.is_contiguous() else scores.contiguous()).numpy(force=True)
+    s = _array(scores)  # float32 is read as it is (numba promotes it): no converted copy
     kn = _ks_array(k)
     B, n = s.shape
     t = np.empty((B, kn.shape[1]), np.float64)
-    p = np.empty((B, kn.shape[1], n), np.float64)
-    if not _topk_forward_rows(s, kn, float(beta), t, p):
+    p = np.empty((B, kn.shape[1], n), np.float64 if scores.dtype == torch.float64 else np.float32)
+    if not _topk_forward_rows(s, kn, beta, t, p):
         raise non_finite_error()
     return torch.from_numpy(p), (s, kn, t, p)
 
 
 def topk_backward(state: tuple, grad_p: Tensor, beta: float) -> tuple[Tensor, Tensor]:
-    """The VJP of :func:`topk_forward`.
+    """The VJP of :func:`topk_forward` (first order only: the operator's double backward takes the differentiable
+    PyTorch form, :func:`diffrank.operators.lapsum._topk_vjp_graph`).
 
     With x = t + β s, e = e^{-|x|}, π = e / Σe (= ∂p/∂k) and R = ½ Σe: ∂L/∂k = ⟨v, π⟩ and
     ∂L/∂s_l = β R Σ_m π_l (v_l - ⟨v, π⟩) (paper App. C.2; rows with k >= n contribute nothing).
@@ -291,11 +369,11 @@ def topk_backward(state: tuple, grad_p: Tensor, beta: float) -> tuple[Tensor, Te
         beta: β > 0.
 
     Returns:
-        ``(grad_s (B, n), grad_k (B, M))``.
+        ``(grad_s (B, n), grad_k (B, M))`` in the dtype of the scores (sums over the ks in it).
     """
     s, kn, t, p = state
-    grad_s = np.empty(s.shape, np.float64)
-    grad_k = np.empty(t.shape, np.float64)
-    g = (grad_p if grad_p.is_contiguous() else grad_p.contiguous()).numpy(force=True)  # float64: p's dtype
-    _topk_backward_rows(s, kn, t, p, g, float(beta), grad_s, grad_k)
+    grad_s = np.empty(s.shape, s.dtype)
+    grad_k = np.empty(t.shape, s.dtype)
+    g = _array(grad_p)  # autograd gives the output's dtype
+    _topk_backward_rows(s, kn, t, p, g if g.dtype == p.dtype else g.astype(p.dtype), beta, grad_s, grad_k)
     return torch.from_numpy(grad_s), torch.from_numpy(grad_k)
