@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
         for title, rows in mod.run(args):
             setting = f"device={_device_name(args.device)}, threads={torch.get_num_threads()}"
-            if suite not in ("grid", "lapsum_figures", "torchsort_parity"):
+            if suite not in ("grid", "lapsum_figures", "torchsort_parity", "lapsum_parity"):
                 setting = f"B={args.batch}, k={args.k}, " + setting
             print_table(f"{title} ({setting})", rows)
 
