@@ -1,11 +1,11 @@
-"""The official LapSum CPU extension (Struski et al. 2025, MIT), JIT-compiled from the shared peer folder.
+"""The official LapSum CPU extension (Struski et al. 2025, MIT), JIT-compiled from a checkout of gmum/LapSum.
 
 The project never vendors the official code: ``make lapsum-reference`` (``python -m
 diffrank.benchmark.lapsum_reference --build``) compiles ``lapsum/topk/cpu/soft_topk.cpp`` of the
-checkout named by ``DIFFRANK_LAPSUM_OFFICIAL`` (default ``<repo>/../shared/peers/lapsum_official``) with
+checkout named by ``DIFFRANK_LAPSUM_OFFICIAL`` (``git clone https://github.com/gmum/LapSum``) with
 ``torch.utils.cpp_extension.load`` into ``~/.cache/diffrank/lapsum_official`` (``DIFFRANK_LAPSUM_BUILD``);
-the benchmark then loads the built module without compiling (:func:`official_topk` with ``build=False``)
-and its rows skip when there is none.
+the benchmark and the parity tests then load the built module as it is (no source needed; :func:`official_topk`
+with ``build=False``) and their rows skip when there is none.
 
 Calling convention of the extension (its ``topk/extension/soft_topk.py``): ``forward(x (B, n), k (B, m),
 alpha) -> (thresholds (B, m), prob (B, m, n))`` with ``alpha < 0`` for the largest; ``vjp(x, thresholds,
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib.machinery
+import importlib.util
 import os
 from pathlib import Path
 
@@ -26,15 +28,10 @@ NAME = "lapsum_official_soft_topk_cpu"
 _CACHE: dict = {}
 
 
-def source_dir() -> Path:
-    """The official checkout: ``DIFFRANK_LAPSUM_OFFICIAL``, else ``<repo>/../shared/peers/lapsum_official`` (the main
-    checkout), else ``<repo>/../../shared/…`` (a worktree one level further down)."""
+def source_dir() -> Path | None:
+    """The official checkout named by ``DIFFRANK_LAPSUM_OFFICIAL``, or None when the variable is not set."""
     env = os.environ.get("DIFFRANK_LAPSUM_OFFICIAL")
-    if env:
-        return Path(env)
-    repo = Path(__file__).resolve().parents[3]
-    near = repo.parent / "shared" / "peers" / "lapsum_official"
-    return near if near.exists() else repo.parent.parent / "shared" / "peers" / "lapsum_official"
+    return Path(env) if env else None
 
 
 def build_dir() -> Path:
@@ -56,14 +53,22 @@ def load_extension(build: bool = False):
     """
     if "ext" in _CACHE:
         return _CACHE["ext"]
-    src = source_dir() / "lapsum" / "topk" / "cpu" / "soft_topk.cpp"
     out = build_dir()
-    if not build and not glob.glob(str(out / f"{NAME}*.so")):
-        return None
-    if not src.exists():
-        if build:
-            raise FileNotFoundError(f"official LapSum source not found: {src} (set DIFFRANK_LAPSUM_OFFICIAL)")
-        return None
+    built = sorted(glob.glob(str(out / f"{NAME}*.so")))
+    if not build:
+        if not built:
+            return None
+        # the built module as it is: loading it needs neither the source nor a compiler
+        loader = importlib.machinery.ExtensionFileLoader(NAME, built[0])
+        ext = importlib.util.module_from_spec(importlib.util.spec_from_loader(NAME, loader))
+        loader.exec_module(ext)
+        _CACHE["ext"] = ext
+        return ext
+    root = source_dir()
+    src = None if root is None else root / "lapsum" / "topk" / "cpu" / "soft_topk.cpp"
+    if src is None or not src.exists():
+        raise FileNotFoundError(f"official LapSum source not found ({src or 'DIFFRANK_LAPSUM_OFFICIAL is not set'}): "
+                                "set DIFFRANK_LAPSUM_OFFICIAL to a checkout of https://github.com/gmum/LapSum")
     from torch.utils.cpp_extension import load
 
     out.mkdir(parents=True, exist_ok=True)
@@ -107,8 +112,9 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m diffrank.benchmark.lapsum_reference")
     p.add_argument("--build", action="store_true")
     args = p.parse_args(argv)
-    if args.build and not (source_dir() / "lapsum").exists():
-        print(f"[lapsum-reference] skipped: no official source at {source_dir()} (set DIFFRANK_LAPSUM_OFFICIAL)")
+    if args.build and (source_dir() is None or not (source_dir() / "lapsum").exists()):
+        print(f"[lapsum-reference] skipped: no official source at {source_dir()} (set DIFFRANK_LAPSUM_OFFICIAL to a "
+              "checkout of https://github.com/gmum/LapSum)")
         return
     ext = load_extension(build=args.build)
     print(f"[lapsum-reference] {'built' if ext is not None else 'not built'}: {build_dir()}")
