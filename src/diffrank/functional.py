@@ -15,7 +15,10 @@ rows = ranks"), and the ascending results are obtained from it exactly:
 ``"difftopk_splitter"``, ``"lapsum"``, ``"fast_soft_sort"``, ``"soft_topk"``, ``"relaxed_bubble_sort"``),
 built by :func:`diffrank.operators.load` with ``beta`` and the extra keyword ``**options`` (constructor
 arguments, e.g. ``sigmoid="cauchy"``, ``regularization="kl"``) replacing the config's values; built operators
-are cached per (name, β, options), so a training loop does not rebuild one every call. ``method`` may also
+are cached per (name, β, options), so a training loop does not rebuild one every call. A ``beta`` tensor that
+requires grad (a learnable temperature, for the operators whose ``learnable_beta`` is True: docs/api.md,
+"Learnable temperature") builds a fresh, uncached operator each call, so that ∂/∂β reaches the tensor; the other
+methods refuse it with a ``ValueError``. ``method`` may also
 be an already-built :class:`~diffrank.operators.base.RankingOperator`, used as is (then ``beta`` and
 ``**options`` must not be given).
 
@@ -47,12 +50,13 @@ _CACHE: dict[Any, RankingOperator] = {}
 _CACHE_SIZE = 64
 
 
-def _operator(method: str | RankingOperator, beta: float | None, options: dict[str, Any]) -> RankingOperator:
+def _operator(method: str | RankingOperator, beta: float | Tensor | None, options: dict[str, Any]) -> RankingOperator:
     """The operator ``method`` names (built by :func:`diffrank.operators.load`, cached) or ``method`` itself.
 
     Raises:
         ValueError: an operator instance together with ``beta`` or options; an unknown name (from ``load``,
-            which lists the known ones); a bad β or option (from the operator's constructor).
+            which lists the known ones); a bad β or option (from the operator's constructor), a β that requires
+            grad for an operator that cannot learn it.
         TypeError: ``method`` neither a name nor a :class:`RankingOperator`.
     """
     if isinstance(method, RankingOperator):
@@ -63,6 +67,10 @@ def _operator(method: str | RankingOperator, beta: float | None, options: dict[s
         return method
     if not isinstance(method, str):
         raise TypeError(f"method must be an operator name (str) or a RankingOperator, got {type(method).__name__}")
+    if isinstance(beta, Tensor) and beta.requires_grad:
+        # a learnable β: the operator keeps the tensor in the caller's graph, so a cached one would hold a stale
+        # graph (and the refusal of a non-learnable operator comes from its constructor)
+        return load(method, **options, beta=beta)
     if beta is not None:
         options = {**options, "beta": float(beta)}
     key = (method, tuple(sorted(options.items())))
@@ -121,7 +129,7 @@ def _hard_ranks(rows: Tensor, descending: bool) -> Tensor:
     return torch.empty_like(rows).scatter_(-1, order, pos)
 
 
-def soft_sort(x: Tensor, *, method: str | RankingOperator, beta: float | None = None, descending: bool = False,
+def soft_sort(x: Tensor, *, method: str | RankingOperator, beta: float | Tensor | None = None, descending: bool = False,
               dim: int = -1, hard: bool = False, **options: Any) -> Tensor:
     """Soft-sorted values along ``dim``, ascending unless ``descending`` (like ``torch.sort(x, dim).values``).
 
@@ -141,7 +149,8 @@ def soft_sort(x: Tensor, *, method: str | RankingOperator, beta: float | None = 
             :class:`~diffrank.operators.base.RankingOperator` (then no ``beta`` / ``options``).
         beta: inverse temperature β > 0 (larger = closer to the hard sort); default None: the
             method's config β (``configs/operator/<method>.yaml``). For ``"fast_soft_sort"`` β = 1/ε, ε
-            torchsort's ``regularization_strength``.
+            torchsort's ``regularization_strength``. A 0-d tensor that requires grad is a learnable β for the
+            methods that support it (``learnable_beta``; others raise ``ValueError``).
         descending: False (default): ascending; True: descending (the operator convention).
         dim: the dimension to sort along.
         hard: straight-through: the forward value is ``torch.sort(x, dim, descending).values`` exactly, the
@@ -167,7 +176,7 @@ def soft_sort(x: Tensor, *, method: str | RankingOperator, beta: float | None = 
     return _restore(out, batch, dim)
 
 
-def soft_rank(x: Tensor, *, method: str | RankingOperator, beta: float | None = None, descending: bool = False,
+def soft_rank(x: Tensor, *, method: str | RankingOperator, beta: float | Tensor | None = None, descending: bool = False,
               dim: int = -1, hard: bool = False, **options: Any) -> Tensor:
     """Soft ranks in [1, n] along ``dim``; ascending by default: the smallest value gets rank 1.
 
@@ -219,7 +228,7 @@ def _is_integral(k: numbers.Real | Tensor) -> bool:
 
 
 def topk_membership(x: Tensor, k: int | float | Tensor, *, method: str | RankingOperator,
-                    beta: float | None = None, dim: int = -1, hard: bool = False, **options: Any) -> Tensor:
+                    beta: float | Tensor | None = None, dim: int = -1, hard: bool = False, **options: Any) -> Tensor:
     """Probability that each item is among the k largest along ``dim``.
 
     For an operator with a relaxed permutation P (rows = ranks, rank 1 = largest) this is the inner sum of
@@ -279,7 +288,7 @@ def topk_membership(x: Tensor, k: int | float | Tensor, *, method: str | Ranking
     return _restore(out, batch, dim)
 
 
-def permutation_matrix(x: Tensor, *, method: str | RankingOperator, beta: float | None = None,
+def permutation_matrix(x: Tensor, *, method: str | RankingOperator, beta: float | Tensor | None = None,
                        k: int | None = None, dim: int = -1, hard: bool = False, **options: Any) -> Tensor:
     """Relaxed permutation matrix P in the project's convention: rows = ranks (row 0 = rank 1 = the largest),
     columns = items along ``dim``.
