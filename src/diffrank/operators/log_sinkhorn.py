@@ -52,6 +52,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch._C import _functorch
 
 from diffrank.operators.base import fold_vmapped, host_max, refuse_double_backward
 
@@ -151,6 +152,8 @@ def log_sinkhorn(cost: Tensor, log_mu: Tensor, log_nu: Tensor, epsilon: float | 
         if max(cost.shape[1], cost.shape[2]) <= fused_size(cost.dtype):
             return _log_sinkhorn_fused(cost, log_mu, log_nu, epsilon, schedule, cost_scale)
     if schedule.tolerance is not None and torch.compiler.is_compiling():
+        # a loop that stops on a read of the marginal error runs eagerly, as one graph break: traced, every check
+        # would break the graph and each resumed piece recompile for the next iteration count
         return _loop_eagerly(cost, log_mu, log_nu, epsilon, schedule, cost_scale)
     return _loop(cost, log_mu, log_nu, epsilon, schedule, cost_scale)
 
@@ -182,20 +185,20 @@ def _loop(cost: Tensor, log_mu: Tensor, log_nu: Tensor, epsilon: float | Tensor,
     return (f + g - cost) / eps, it, err
 
 
-# under torch.compile a loop that stops on a read of the marginal error runs eagerly, as one graph break: traced,
-# every check would break the graph and each resumed piece recompile for the next iteration count
-_loop_eagerly = torch.compiler.disable(_loop, reason="Sinkhorn's stopping rule reads the marginal error on the host; "
-                                                     "tolerance=None (a fixed max_iter) compiles as one graph")
+# torch's lazy form of torch.compiler.disable: dynamo (which loads Triton) is imported at the first call, under
+# torch.compile, never by an eager user
+_loop_eagerly = torch._disable_dynamo(_loop)
+
 
 
 def _log_sinkhorn_fused(cost: Tensor, log_mu: Tensor, log_nu: Tensor, epsilon: float, schedule: SinkhornSchedule,
                         cost_scale: float | None) -> tuple[Tensor, int, float]:
     """:func:`log_sinkhorn` with the iterations in the Triton kernel: one launch per marginal check."""
-    info: dict = {}
+    info = _RunInfo()
     # the potentials are recorded only for a backward (the forward of a Function runs without grad mode)
     history = torch.is_grad_enabled() and any(t.requires_grad for t in (cost, log_mu, log_nu))
     log_t = _FusedSinkhorn.apply(cost, log_mu, log_nu, epsilon, schedule, cost_scale, history, info)
-    return log_t, info["iterations"], info["error"]
+    return log_t, info.iterations, info.error
 
 
 def _epsilon_table(steps: list, like: Tensor) -> Tensor:
@@ -206,6 +209,13 @@ def _epsilon_table(steps: list, like: Tensor) -> Tensor:
     R = like.shape[0]
     return torch.cat([e.reshape(R, 1).to(like.dtype) if isinstance(e, Tensor) else like.new_full((R, 1), e)
                       for e in steps], dim=1)
+
+
+class _RunInfo:
+    """What a fused run reports besides log Γ: iterations, error, and for the backward the last ε and the recorded
+    runs. A plain object: ``torch.func`` rebuilds a dict argument (a pytree), so the caller's would stay empty."""
+
+    __slots__ = ("iterations", "error", "eps", "runs")
 
 
 class _FusedSinkhorn(torch.autograd.Function):
@@ -240,13 +250,13 @@ class _FusedSinkhorn(torch.autograd.Function):
                 if it > scaling and err < schedule.tolerance:
                     break
         eps = steps[-1]
-        info["iterations"], info["error"], info["eps"], info["runs"] = it, err, eps, runs
+        info.iterations, info.error, info.eps, info.runs = it, err, eps, runs
         return (f.unsqueeze(-1) + g.unsqueeze(-2) - cost) / eps
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         cost, log_mu, log_nu, *_, info = inputs
-        ctx.eps, ctx.runs = info.pop("eps"), info.pop("runs")
+        ctx.eps, ctx.runs = info.eps, info.runs
         ctx.shapes = (log_mu.shape, log_nu.shape)
         ctx.save_for_backward(cost)
 
@@ -269,8 +279,10 @@ class _FusedSinkhorn(torch.autograd.Function):
         (cost,) = ctx.saved_tensors
         acc = torch.float64 if cost.dtype == torch.float64 else torch.float32
         scaled = grad.to(acc) / ctx.eps  # log Γ = (f + g - C) / ε_last
-        d_cost, d_mu, d_nu = sinkhorn_backward(cost, ctx.runs, (-scaled).contiguous(), scaled.sum(2).contiguous(),
-                                               scaled.sum(1).contiguous())
+        # a torch.func transform hands wrapped (or batched, for jacrev) gradients, which a kernel cannot read
+        sweep = _reverse_sweep if _functorch.is_functorch_wrapped_tensor(grad) else sinkhorn_backward
+        d_cost, d_mu, d_nu = sweep(cost, ctx.runs, (-scaled).contiguous(), scaled.sum(2).contiguous(),
+                                   scaled.sum(1).contiguous())
         mu_shape, nu_shape = ctx.shapes
         d_mu = d_mu.sum(0, keepdim=True) if mu_shape[0] == 1 else d_mu  # log μ broadcast over the rows
         d_nu = d_nu.sum(0, keepdim=True) if nu_shape[0] == 1 else d_nu
@@ -278,6 +290,30 @@ class _FusedSinkhorn(torch.autograd.Function):
         return refuse_double_backward(grads, "the fused Sinkhorn kernel (SinkhornSort with backend 'triton' or "
                                       "'auto' on CUDA)", "backend='torch' (autograd through the PyTorch iterations "
                                       "gives exact second derivatives)")
+
+
+def _reverse_sweep(cost: Tensor, runs: list[tuple[Tensor, Tensor, Tensor]], d_cost: Tensor, d_f: Tensor,
+                   d_g: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`diffrank.kernels.sinkhorn.sinkhorn_backward` (the reverse sweep of the kernels' module docstring) in
+    PyTorch operations, for the gradients of ``torch.func`` transforms; same arguments and results."""
+    c = cost.to(d_cost.dtype)
+    d_mu, d_nu = torch.zeros_like(d_f), torch.zeros_like(d_g)
+    for eps, fh, gh in reversed(runs):
+        eps = eps.to(c.dtype)
+        for t in reversed(range(eps.shape[1])):
+            e = eps[:, t].view(-1, 1, 1)
+            # the target-side update g_t = ε log ν - ε LSE_i((f_t - C) / ε)
+            wa = torch.softmax((fh[:, t].unsqueeze(-1).to(c.dtype) - c) / e, dim=1) * d_g.unsqueeze(1)
+            d_f = d_f - wa.sum(2)
+            d_cost = d_cost + wa
+            d_nu = d_nu + e.view(-1, 1) * d_g
+            # the item-side update f_t = ε log μ - ε LSE_j((g_{t-1} - C) / ε)
+            wb = torch.softmax((gh[:, t].unsqueeze(1).to(c.dtype) - c) / e, dim=2) * d_f.unsqueeze(-1)
+            d_g = -wb.sum(1)
+            d_cost = d_cost + wb
+            d_mu = d_mu + e.view(-1, 1) * d_f
+            d_f = torch.zeros_like(d_f)  # f_{t-1} feeds nothing but the output, counted once at the top
+    return d_cost, d_mu, d_nu
 
 
 def _fold_masses(x: Tensor, dim: int | None, size: int, rows: int) -> Tensor:
