@@ -29,7 +29,14 @@ from diffrank.operators.base import DoubleBackwardError
 
 # (method, check) → the branch that converts it; check None = every check of the method. Delete an entry once that
 # branch is merged (the cells then pass, or fail loudly).
-PENDING: dict[tuple[str, str | None], str] = {}
+PENDING: dict[tuple[str, str | None], str] = {
+    ("diffsort_bitonic", None): "nets", ("diffsort_odd_even", None): "nets", ("difftopk_bitonic", None): "nets",
+    ("difftopk_splitter", None): "nets",
+    ("soft_topk", "vmap"): "nets", ("soft_topk", "grad"): "nets", ("soft_topk", "fullgraph"): "nets",
+    ("sparse_soft_topk", "vmap"): "nets", ("sparse_soft_topk", "grad"): "nets",
+    ("fast_soft_sort", None): "fss",
+    ("lapsum", None): "lapsum",
+}
 
 # the methods whose CPU path is PyTorch operations only: torch.compile(fullgraph=True) must trace them
 PURE_TORCH = {"neuralsort", "softsort", "sinkhorn", "relaxed_bubble_sort", "dftopk", "soft_topk", "diffsort_bitonic",
@@ -122,7 +129,7 @@ def test_func_grad_equals_autograd(method, fn):
 @pytest.mark.parametrize("method,fn", _params("compile", slow_beyond_first=True))
 def test_compile_equals_eager(method, fn):
     torch._dynamo.reset()
-    F._CACHE.clear()  # the first call is the compiled one: the operator is built (and its kernels compiled) in it
+    F._clear_cache()  # the first call is the compiled one: the operator is built (and its kernels compiled) in it
     f = _f(method, fn)
     x = _scores(2, 5)
     got = _value_and_grad(torch.compile(f, backend="aot_eager"), x)
@@ -134,6 +141,7 @@ def test_compile_equals_eager(method, fn):
                                               slow_beyond_first=True))
 def test_fullgraph_compile_equals_eager(method, fn):
     torch._dynamo.reset()
+    F._clear_cache()  # the operator is built at trace time (functional._cache_operator), inside the one graph
     f = _f(method, fn)
     x = _scores(2, 5)
     torch.testing.assert_close(_value_and_grad(torch.compile(f, backend="eager", fullgraph=True), x),

@@ -34,7 +34,9 @@ Shapes: the dimension ``dim`` holds the n items; every other dimension is a batc
 
 from __future__ import annotations
 
+import itertools
 import numbers
+import types
 from typing import Any
 
 import torch
@@ -46,7 +48,9 @@ from diffrank.operators.base import RankingOperator
 __all__ = ["permutation_matrix", "soft_rank", "soft_sort", "topk_membership"]
 
 
-_CACHE: dict[Any, RankingOperator] = {}
+_CACHE: dict[Any, str] = {}  # (method, options) -> the name of the built operator in _BUILT
+_BUILT = types.SimpleNamespace()
+_SERIAL = itertools.count()
 _CACHE_SIZE = 64
 
 
@@ -75,15 +79,40 @@ def _operator(method: str | RankingOperator, beta: float | Tensor | None, option
         options = {**options, "beta": float(beta)}
     key = (method, tuple(sorted(options.items())))
     try:
-        op = _CACHE.get(key)
+        hash(key)
     except TypeError:  # an unhashable option value: build without caching
         return load(method, **options)
-    if op is None:
-        op = load(method, **options)
+    return getattr(_BUILT, _cache_operator(key))
+
+
+def _cache_operator(key: tuple[str, tuple[tuple[str, Any], ...]]) -> str:
+    """Put the operator ``load(method, **dict(options))`` of ``key = (method, options)`` in the cache (built on a
+    miss, the oldest entry dropped when full); returns the name of its attribute of ``_BUILT``.
+
+    ``torch.compile`` runs this function at trace time and takes its result as a constant (the mark below is what
+    ``torch._dynamo.assume_constant_result`` sets, set directly so that the library does not import dynamo):
+    building an operator reads a yaml file and imports modules, which dynamo cannot trace, so a compiled function's
+    first call would break the graph there (and ``fullgraph=True`` fail). The traced code then reads the operator
+    as an attribute of ``_BUILT``, which dynamo reads afresh (a dict it has already read in the same frame it would
+    not: a second method in one compiled function would miss)."""
+    if key not in _CACHE:
+        method, options = key
+        op = load(method, **dict(options))
         if len(_CACHE) >= _CACHE_SIZE:
-            _CACHE.pop(next(iter(_CACHE)))  # the oldest entry
-        _CACHE[key] = op
-    return op
+            delattr(_BUILT, _CACHE.pop(next(iter(_CACHE))))  # the oldest entry
+        _CACHE[key] = f"op{next(_SERIAL)}"
+        setattr(_BUILT, _CACHE[key], op)
+    return _CACHE[key]
+
+
+_cache_operator._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+def _clear_cache() -> None:
+    """Drop every cached operator (tests: a fresh process's first call)."""
+    for name in _CACHE.values():
+        delattr(_BUILT, name)
+    _CACHE.clear()
 
 
 def _rows(x: Tensor, dim: int) -> tuple[Tensor, tuple[int, ...], int]:
