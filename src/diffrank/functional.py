@@ -13,7 +13,10 @@ rows = ranks"), and the ascending results are obtained from it exactly:
 ``method`` names an operator config (``diffrank.operators.available()`` lists them; their table is in
 docs/api.md), built by :func:`diffrank.operators.load` with ``beta`` and the extra keyword ``**options``
 (constructor arguments, e.g. ``sigmoid="cauchy"``, ``regularization="kl"``) replacing the config's values; built
-operators are cached per (name, β, options), so a training loop does not rebuild one every call. ``method`` may also
+operators are cached per (name, β, options), so a training loop does not rebuild one every call. A ``beta`` tensor that
+requires grad (a learnable temperature, for the operators whose ``learnable_beta`` is True: docs/api.md,
+"Learnable temperature") builds a fresh, uncached operator each call, so that ∂/∂β reaches the tensor; the other
+methods refuse it with a ``ValueError``. ``method`` may also
 be an already-built :class:`~diffrank.operators.base.RankingOperator`, used as is (then ``beta`` and
 ``**options`` must not be given).
 
@@ -29,7 +32,9 @@ Shapes: the dimension ``dim`` holds the n items; every other dimension is a batc
 
 from __future__ import annotations
 
+import itertools
 import numbers
+import types
 from typing import Any
 
 import torch
@@ -41,16 +46,19 @@ from diffrank.operators.base import RankingOperator
 __all__ = ["permutation_matrix", "soft_rank", "soft_sort", "topk_membership"]
 
 
-_CACHE: dict[Any, RankingOperator] = {}
+_CACHE: dict[Any, str] = {}  # (method, options) -> the name of the built operator in _BUILT
+_BUILT = types.SimpleNamespace()
+_SERIAL = itertools.count()
 _CACHE_SIZE = 64
 
 
-def _operator(method: str | RankingOperator, beta: float | None, options: dict[str, Any]) -> RankingOperator:
+def _operator(method: str | RankingOperator, beta: float | Tensor | None, options: dict[str, Any]) -> RankingOperator:
     """The operator ``method`` names (built by :func:`diffrank.operators.load`, cached) or ``method`` itself.
 
     Raises:
         ValueError: an operator instance together with ``beta`` or options; an unknown name (from ``load``,
-            which lists the known ones); a bad β or option (from the operator's constructor).
+            which lists the known ones); a bad β or option (from the operator's constructor), a β that requires
+            grad for an operator that cannot learn it.
         TypeError: ``method`` neither a name nor a :class:`RankingOperator`.
     """
     if isinstance(method, RankingOperator):
@@ -61,19 +69,48 @@ def _operator(method: str | RankingOperator, beta: float | None, options: dict[s
         return method
     if not isinstance(method, str):
         raise TypeError(f"method must be an operator name (str) or a RankingOperator, got {type(method).__name__}")
+    if isinstance(beta, Tensor) and beta.requires_grad:
+        # a learnable β: the operator keeps the tensor in the caller's graph, so a cached one would hold a stale
+        # graph (and the refusal of a non-learnable operator comes from its constructor)
+        return load(method, **options, beta=beta)
     if beta is not None:
         options = {**options, "beta": float(beta)}
     key = (method, tuple(sorted(options.items())))
     try:
-        op = _CACHE.get(key)
+        hash(key)
     except TypeError:  # an unhashable option value: build without caching
         return load(method, **options)
-    if op is None:
-        op = load(method, **options)
+    return getattr(_BUILT, _cache_operator(key))
+
+
+def _cache_operator(key: tuple[str, tuple[tuple[str, Any], ...]]) -> str:
+    """Put the operator ``load(method, **dict(options))`` of ``key = (method, options)`` in the cache (built on a
+    miss, the oldest entry dropped when full); returns the name of its attribute of ``_BUILT``.
+
+    ``torch.compile`` runs this function at trace time and takes its result as a constant (the mark below is what
+    ``torch._dynamo.assume_constant_result`` sets, set directly so that the library does not import dynamo):
+    building an operator reads a yaml file and imports modules, which dynamo cannot trace, so a compiled function's
+    first call would break the graph there (and ``fullgraph=True`` fail). The traced code then reads the operator
+    as an attribute of ``_BUILT``, which dynamo reads afresh (a dict it has already read in the same frame it would
+    not: a second method in one compiled function would miss)."""
+    if key not in _CACHE:
+        method, options = key
+        op = load(method, **dict(options))
         if len(_CACHE) >= _CACHE_SIZE:
-            _CACHE.pop(next(iter(_CACHE)))  # the oldest entry
-        _CACHE[key] = op
-    return op
+            delattr(_BUILT, _CACHE.pop(next(iter(_CACHE))))  # the oldest entry
+        _CACHE[key] = f"op{next(_SERIAL)}"
+        setattr(_BUILT, _CACHE[key], op)
+    return _CACHE[key]
+
+
+_cache_operator._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+def _clear_cache() -> None:
+    """Drop every cached operator (tests: a fresh process's first call)."""
+    for name in _CACHE.values():
+        delattr(_BUILT, name)
+    _CACHE.clear()
 
 
 def _rows(x: Tensor, dim: int) -> tuple[Tensor, tuple[int, ...], int]:
@@ -119,7 +156,7 @@ def _hard_ranks(rows: Tensor, descending: bool) -> Tensor:
     return torch.empty_like(rows).scatter_(-1, order, pos)
 
 
-def soft_sort(x: Tensor, *, method: str | RankingOperator, beta: float | None = None, descending: bool = False,
+def soft_sort(x: Tensor, *, method: str | RankingOperator, beta: float | Tensor | None = None, descending: bool = False,
               dim: int = -1, hard: bool = False, **options: Any) -> Tensor:
     """Soft-sorted values along ``dim``, ascending unless ``descending`` (like ``torch.sort(x, dim).values``).
 
@@ -139,7 +176,8 @@ def soft_sort(x: Tensor, *, method: str | RankingOperator, beta: float | None = 
             :class:`~diffrank.operators.base.RankingOperator` (then no ``beta`` / ``options``).
         beta: inverse temperature β > 0 (larger = closer to the hard sort); default None: the
             method's config β (``configs/operator/<method>.yaml``). For ``"fast_soft_sort"`` β = 1/ε, ε
-            torchsort's ``regularization_strength``.
+            torchsort's ``regularization_strength``. A 0-d tensor that requires grad is a learnable β for the
+            methods that support it (``learnable_beta``; others raise ``ValueError``).
         descending: False (default): ascending; True: descending (the operator convention).
         dim: the dimension to sort along.
         hard: straight-through: the forward value is ``torch.sort(x, dim, descending).values`` exactly, the
@@ -165,7 +203,7 @@ def soft_sort(x: Tensor, *, method: str | RankingOperator, beta: float | None = 
     return _restore(out, batch, dim)
 
 
-def soft_rank(x: Tensor, *, method: str | RankingOperator, beta: float | None = None, descending: bool = False,
+def soft_rank(x: Tensor, *, method: str | RankingOperator, beta: float | Tensor | None = None, descending: bool = False,
               dim: int = -1, hard: bool = False, **options: Any) -> Tensor:
     """Soft ranks in [1, n] along ``dim``; ascending by default: the smallest value gets rank 1.
 
@@ -217,7 +255,7 @@ def _is_integral(k: numbers.Real | Tensor) -> bool:
 
 
 def topk_membership(x: Tensor, k: int | float | Tensor, *, method: str | RankingOperator,
-                    beta: float | None = None, dim: int = -1, hard: bool = False, **options: Any) -> Tensor:
+                    beta: float | Tensor | None = None, dim: int = -1, hard: bool = False, **options: Any) -> Tensor:
     """Probability that each item is among the k largest along ``dim``.
 
     For an operator with a relaxed permutation P (rows = ranks, rank 1 = largest) this is the inner sum of
@@ -277,7 +315,7 @@ def topk_membership(x: Tensor, k: int | float | Tensor, *, method: str | Ranking
     return _restore(out, batch, dim)
 
 
-def permutation_matrix(x: Tensor, *, method: str | RankingOperator, beta: float | None = None,
+def permutation_matrix(x: Tensor, *, method: str | RankingOperator, beta: float | Tensor | None = None,
                        k: int | None = None, dim: int = -1, hard: bool = False, **options: Any) -> Tensor:
     """Relaxed permutation matrix P in the project's convention: rows = ranks (row 0 = rank 1 = the largest),
     columns = items along ``dim``.

@@ -266,8 +266,13 @@ def test_errors_name_the_argument():
         NewtonLoss(loss, "hessian", 0.0)(torch.randn(4, 3, dtype=torch.float64), torch.tensor([0, 1, 2, 0]))
     with pytest.raises(ValueError, match="singular up to the precision"):
         NewtonLoss(loss, "fisher", 0.0)(torch.randn(8, 3), torch.tensor([0, 1, 2, 0, 1, 1, 2, 0]))
-    with pytest.raises(ValueError, match="derivatives='autograd'"):  # its input checks read data: vmap refuses
-        NewtonLoss(loss, "fisher", 0.1, derivatives="func")(torch.randn(4, 3), torch.tensor([0, 1, 2, 0]))
+    # the input checks that read data are skipped under vmap (diffrank.operators.base, "Tracing"): torch.func batches
+    # the loss and gives autograd's derivatives
+    y = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    labels = torch.tensor([0, 1, 2, 0])
+    by_func = torch.autograd.grad(NewtonLoss(loss, "fisher", 0.1, derivatives="func")(y, labels), y)
+    torch.testing.assert_close(by_func, torch.autograd.grad(NewtonLoss(loss, "fisher", 0.1, derivatives="autograd")(
+        y, labels), y))
     with pytest.raises(ValueError, match="not a mean of per-sample losses"):
         NewtonLoss(NeighbourLoss(load("neuralsort")), "fisher")
     with pytest.raises(ValueError, match="labels must lie"):

@@ -21,3 +21,9 @@ def acc(dtype: torch.dtype):
 def acc_torch(dtype: torch.dtype) -> torch.dtype:
     """:func:`acc` as a torch dtype."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def beta_tensor(beta: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """β as a one-element tensor of the accumulation dtype of ``dtype`` on ``device``: a Python float argument would
+    reach a kernel rounded to float32 (a fill: no host copy)."""
+    return torch.full((1,), beta, dtype=acc_torch(dtype), device=device)

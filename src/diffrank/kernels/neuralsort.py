@@ -15,6 +15,11 @@ Backward (dlogit = P ⊙ (G - Σ_j P G) per row, the softmax Jacobian): one prog
 ∂/∂s_j = β Σ_r (n - 1 - 2r) dlogit_rj and ∂/∂(A_s 1)_j = -β Σ_r dlogit_rj (each program owns its
 items: no atomics).
 
+A backward that is itself recorded (``create_graph=True``, ``torch.func`` transforms) computes the same
+formulas with PyTorch operations on the saved P, which autograd differentiates again: second derivatives are
+exact (P's own dependence on the scores runs back through this Function). ``torch.func.vmap`` folds the
+vmapped dimension into the batch (one kernel launch).
+
 Accumulation is in float32 (float64 for float64 inputs). On the CPU the kernels run under
 ``TRITON_INTERPRET=1`` (tests); :class:`~diffrank.operators.neuralsort.NeuralSort` picks them with
 ``backend`` (see :mod:`diffrank.operators.backend`).
@@ -26,9 +31,9 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
-from diffrank.kernels._common import acc, acc_torch, block_size
+from diffrank.kernels._common import acc, acc_torch, beta_tensor, block_size
+from diffrank.operators.base import fold_vmapped
 
 
 @triton.jit
@@ -104,23 +109,40 @@ def _blocks(n: int) -> tuple[int, int]:
 
 
 class _NeuralSortRows(torch.autograd.Function):
+    twice_differentiable = True  # the recorded backward is PyTorch operations (read by diffrank.losses.newton)
+
     @staticmethod
-    def forward(ctx, scores: Tensor, row_sums: Tensor, k: int, beta: float) -> Tensor:
+    def forward(scores: Tensor, row_sums: Tensor, k: int, beta: float) -> Tensor:
         s, a = scores.contiguous(), row_sums.contiguous()
         B, n = s.shape
         p = torch.empty(B, k, n, dtype=s.dtype, device=s.device)
-        # β as a tensor: a Python float argument would reach the kernel rounded to float32
-        beta_t = torch.full((1,), beta, dtype=acc_torch(s.dtype), device=s.device)  # a fill: no host copy
-        _neuralsort_fwd[(B * k,)](s, a, p, beta_t, n, k, BLOCK=_blocks(n)[0], ACC=acc(s.dtype))
-        ctx.save_for_backward(p, beta_t)
-        ctx.dtypes = (s.dtype, a.dtype)
+        _neuralsort_fwd[(B * k,)](s, a, p, beta_tensor(beta, s.dtype, s.device), n, k, BLOCK=_blocks(n)[0],
+                                  ACC=acc(s.dtype))
         return p
 
     @staticmethod
-    @once_differentiable  # the kernels are not differentiable again: refuse double backward
+    def setup_context(ctx, inputs, output) -> None:
+        scores, row_sums, _, ctx.beta = inputs
+        ctx.dtypes = (scores.dtype, row_sums.dtype)
+        ctx.save_for_backward(output)
+
+    @staticmethod
+    def vmap(info, in_dims, scores, row_sums, k, beta):
+        size = info.batch_size
+        p = _NeuralSortRows.apply(fold_vmapped(scores, in_dims[0], size), fold_vmapped(row_sums, in_dims[1], size),
+                                  k, beta)
+        return p.unflatten(0, (size, -1)), 0
+
+    @staticmethod
     def backward(ctx, grad: Tensor):
-        p, beta_t = ctx.saved_tensors
+        (p,) = ctx.saved_tensors
         B, k, n = p.shape
+        if torch.is_grad_enabled():  # a recorded backward: the same formulas in differentiable operations
+            dlogit = p * (grad - (p * grad).sum(-1, keepdim=True))
+            scale = (n - 1 - 2 * torch.arange(k, device=p.device, dtype=p.dtype)).view(1, k, 1)
+            return ((scale * dlogit).sum(1) * ctx.beta).to(ctx.dtypes[0]), \
+                (dlogit.sum(1) * -ctx.beta).to(ctx.dtypes[1]), None, None
+        beta_t = beta_tensor(ctx.beta, p.dtype, p.device)
         acc_dtype = acc_torch(p.dtype)
         g = grad.contiguous()
         dot = torch.empty(B * k, dtype=acc_dtype, device=p.device)

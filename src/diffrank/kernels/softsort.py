@@ -10,7 +10,10 @@ Backward (dlogit = P ⊙ (G - Σ_j P G), the softmax Jacobian), in two launches 
   autograd routes through ``topk`` to the item holding t_r;
 - one program per (sample, item block): ∂/∂s_j = -β Σ_r sign(s_j - t_r) dlogit_rj over the k rows.
 
-sign(0) = 0, as PyTorch's ``abs`` backward. Accumulation is in float32 (float64 for float64 inputs).
+sign(0) = 0, as PyTorch's ``abs`` backward. A backward that is itself recorded (``create_graph=True``,
+``torch.func`` transforms) computes the same formulas with PyTorch operations on the saved P, which autograd
+differentiates again (exact second derivatives); ``torch.func.vmap`` folds the vmapped dimension into the batch.
+Accumulation is in float32 (float64 for float64 inputs).
 On the CPU the kernels run under ``TRITON_INTERPRET=1`` (tests); :class:`~diffrank.operators.softsort.SoftSort`
 picks them with ``backend`` (see :mod:`diffrank.operators.backend`).
 """
@@ -21,9 +24,9 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
-from diffrank.kernels._common import acc, acc_torch, block_size
+from diffrank.kernels._common import acc, acc_torch, beta_tensor, block_size
+from diffrank.operators.base import fold_vmapped
 
 
 @triton.jit
@@ -105,22 +108,38 @@ def _blocks(n: int) -> tuple[int, int]:
 
 
 class _SoftSortRows(torch.autograd.Function):
+    twice_differentiable = True  # the recorded backward is PyTorch operations (read by diffrank.losses.newton)
+
     @staticmethod
-    def forward(ctx, scores: Tensor, top: Tensor, beta: float) -> Tensor:
+    def forward(scores: Tensor, top: Tensor, beta: float) -> Tensor:
         s, t = scores.contiguous(), top.contiguous()
         B, n = s.shape
         k = t.shape[1]
         p = torch.empty(B, k, n, dtype=scores.dtype, device=scores.device)
-        # β as a tensor: a Python float argument would reach the kernel rounded to float32
-        beta_t = torch.full((1,), beta, dtype=acc_torch(s.dtype), device=s.device)  # a fill: no host copy
-        _softsort_fwd[(B * k,)](s, t, p, beta_t, n, k, BLOCK=_blocks(n)[0], ACC=acc(s.dtype))
-        ctx.save_for_backward(s, t, p, beta_t)
+        _softsort_fwd[(B * k,)](s, t, p, beta_tensor(beta, s.dtype, s.device), n, k, BLOCK=_blocks(n)[0],
+                                ACC=acc(s.dtype))
         return p
 
     @staticmethod
-    @once_differentiable  # the kernels are not differentiable again: refuse double backward
+    def setup_context(ctx, inputs, output) -> None:
+        scores, top, ctx.beta = inputs
+        ctx.save_for_backward(scores, top, output)
+
+    @staticmethod
+    def vmap(info, in_dims, scores, top, beta):
+        size = info.batch_size
+        p = _SoftSortRows.apply(fold_vmapped(scores, in_dims[0], size), fold_vmapped(top, in_dims[1], size), beta)
+        return p.unflatten(0, (size, -1)), 0
+
+    @staticmethod
     def backward(ctx, grad: Tensor):
-        s, t, p, beta_t = ctx.saved_tensors
+        s, t, p = ctx.saved_tensors
+        if torch.is_grad_enabled():  # a recorded backward: the same formulas in differentiable operations
+            dlogit = p * (grad - (p * grad).sum(-1, keepdim=True))
+            sign = torch.sign(s.unsqueeze(1) - t.unsqueeze(-1)).detach()  # (B, k, n); its derivative is 0
+            return ((sign * dlogit).sum(1) * -ctx.beta).to(s.dtype), ((sign * dlogit).sum(-1) * ctx.beta).to(t.dtype), \
+                None
+        beta_t = beta_tensor(ctx.beta, s.dtype, s.device)
         B, n = s.shape
         k = t.shape[1]
         g = grad.contiguous()

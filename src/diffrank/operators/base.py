@@ -20,6 +20,14 @@ implements (``_permutation``, ``_topk_membership``, ``_soft_sort``, ``_soft_rank
 fails under ``backend="auto"``) and casts the result back to the input dtype. Validation synchronises with
 the host at most once per call (one read of all data-dependent checks together). Losses and experiments
 call :func:`require` to reject an operator that cannot serve them, with a message naming what is missing.
+
+**Tracing.** The data-dependent checks (NaN / ±inf scores, a caller's pending checks) need a host read, which
+``torch.compile`` cannot trace (a graph break, and no ``fullgraph=True``) and ``torch.func.vmap`` refuses
+("data-dependent control flow"). They are skipped under ``torch.compiler.is_compiling()`` and for tensors batched
+by ``vmap`` at any level (:func:`data_checks_traced`); everything else (shapes, dtypes, k, β, capabilities) is
+still checked, and eager calls (``torch.func.grad`` / ``jacrev`` included) raise exactly as before. Validate the
+values once outside the compiled or vmapped function where bad input is possible (docs/api.md, "torch.compile
+and torch.func").
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch._C import _functorch
 
 from diffrank.operators.backend import guarded_call
 
@@ -44,8 +53,75 @@ ALL_CAPABILITIES = frozenset({PERMUTATION, TOPK_MEMBERSHIP, SOFT_SORT, SOFT_RANK
 Check = tuple[Tensor, Exception]
 
 
+def _functorch_levels(t: Tensor):
+    """``t`` and every tensor it wraps, outermost first (one per ``torch.func`` transform level)."""
+    yield t
+    while _functorch.is_functorch_wrapped_tensor(t):
+        t = _functorch.get_unwrapped(t)
+        yield t
+
+
+def data_checks_traced(*tensors: Tensor) -> bool:
+    """Whether a host read of these tensors' values cannot be done here: under ``torch.compile`` (dynamo,
+    ``torch.export``), or when one of them is batched by ``torch.func.vmap`` at any transform level.
+
+    The data-dependent checks (:func:`raise_failed`) are skipped then (documented in the module docstring);
+    ``torch.func.grad`` / ``jvp`` alone read values fine and keep them.
+
+    Args:
+        tensors: the tensors a check would read.
+
+    Returns:
+        True to skip the read.
+    """
+    if torch.compiler.is_compiling():
+        return True
+    for t in tensors:  # a plain tensor costs one call: the common eager case stays at ~1 µs
+        while _functorch.is_functorch_wrapped_tensor(t):
+            if _functorch.is_batchedtensor(t):
+                return True
+            t = _functorch.get_unwrapped(t)
+    return False
+
+
+def host_max(t: Tensor) -> float:
+    """The largest value of ``t`` as a Python float (one host read), also inside ``torch.func`` transforms.
+
+    Under ``vmap`` the read covers every vmapped sample (the unwrapped tensor holds them all): a stopping rule
+    "the worst row is below the tolerance" then stops where the eager call on the stacked batch stops, so a
+    vmapped call equals that call. Not traceable by ``torch.compile`` (a graph break, like ``Tensor.item()``).
+
+    Args:
+        t: a non-empty tensor (any shape, real dtype).
+
+    Returns:
+        ``float(t.max())`` over every level's values.
+    """
+    if torch.compiler.is_compiling():  # dynamo cannot trace the unwrapping; the read itself is the graph break
+        return float(t.detach().max())
+    *_, plain = _functorch_levels(t.detach())
+    return float(plain.max())
+
+
+def fold_vmapped(x: Tensor, dim: int | None, size: int) -> Tensor:
+    """The input of a custom ``autograd.Function``'s ``vmap`` rule with its vmapped dimension folded into the batch.
+
+    Args:
+        x: ``(B, ...)`` per vmapped sample; ``dim`` is where the vmapped dimension sits (None: not vmapped, then
+            expanded to every sample).
+        size: the vmapped batch size.
+
+    Returns:
+        ``(size · B, ...)``, sample-major (``unflatten(0, (size, -1))`` splits a result back).
+    """
+    x = x.unsqueeze(0).expand(size, *x.shape) if dim is None else x.movedim(dim, 0)
+    return x.flatten(0, 1)
+
+
 def raise_failed(checks: Sequence[Check]) -> None:
     """Raise the error of the first failed check, reading every flag with one host synchronisation.
+
+    Skipped under ``torch.compile`` and ``vmap`` (:func:`data_checks_traced`), where no value can be read.
 
     Args:
         checks: ``(ok, error)`` pairs; ``ok`` is a 0-d bool tensor, True when the check passes.
@@ -53,10 +129,12 @@ def raise_failed(checks: Sequence[Check]) -> None:
     Raises:
         The ``error`` of the first pair whose ``ok`` is False.
     """
+    if not checks or data_checks_traced(*(ok for ok, _ in checks)):
+        return
     if len(checks) == 1:
         oks = [bool(checks[0][0])]
     else:
-        oks = torch.stack([ok.reshape(()).to(checks[0][0].device) for ok, _ in checks]).tolist() if checks else []
+        oks = torch.stack([ok.reshape(()).to(checks[0][0].device) for ok, _ in checks]).tolist()
     for ok, (_, error) in zip(oks, checks):
         if not ok:
             raise error
@@ -179,7 +257,8 @@ def check_beta(beta: float | Tensor, *, learnable: bool = False, owner: str = "t
                     f"{owner} cannot learn beta: ∂/∂β is not defined for it. Pass a float (beta.item()), or use "
                     "an operator whose learnable_beta is True (docs/api.md, 'Learnable temperature')")
             check_beta(float(beta.detach()), owner=owner)  # one read, at construction
-            return beta.reshape(())
+            # a 0-d tensor as is: an nn.Parameter stays one (the operator registers it; optimisers and .to() see it)
+            return beta if beta.dim() == 0 else beta.reshape(())
         beta = float(beta)
     try:
         beta = float(beta)
@@ -188,6 +267,12 @@ def check_beta(beta: float | Tensor, *, learnable: bool = False, owner: str = "t
     if not math.isfinite(beta) or beta <= 0:
         raise ValueError(f"beta (inverse temperature) must be a finite positive number, got {beta}")
     return beta
+
+
+def beta_repr(beta: float | Tensor) -> str:
+    """β as ``extra_repr`` shows it: the float, or a learnable tensor's current value marked ``(learnable)`` (no
+    comma, so that :func:`~diffrank.operators.backend.guarded_call`'s settings key can strip it)."""
+    return f"{beta}" if not isinstance(beta, Tensor) else f"{float(beta.detach()):g}(learnable)"
 
 
 class DoubleBackwardError(RuntimeError):
@@ -454,7 +539,10 @@ class RankingOperator(nn.Module):
 
         Plain float32 / float64 CPU scores without other pending checks are tested through numpy instead of two
         tensor operations and a read (the same error, in about half the time, which counts at n <= 10³).
-        ``finite=False`` leaves the NaN / inf test to the hook (see :meth:`_hook_checks_finite`)."""
+        ``finite=False`` leaves the NaN / inf test to the hook (see :meth:`_hook_checks_finite`). Under
+        ``torch.compile`` and ``vmap`` nothing is read (:func:`data_checks_traced`)."""
+        if data_checks_traced(scores):
+            checks, finite = (), False  # no value can be read here (module docstring, "Tracing")
         if not finite:
             if checks:
                 raise_failed(checks)
@@ -485,4 +573,4 @@ class RankingOperator(nn.Module):
 
     def extra_repr(self) -> str:
         """The constructor arguments that ``repr`` shows (β and the paper's own parameters)."""
-        return f"beta={self.beta}"
+        return f"beta={beta_repr(self.beta)}"

@@ -26,8 +26,13 @@ schedule is data-dependent and is not differentiated, which is exact only for a 
 **Stopping.** Once every row has reached ε, every ``check_every`` iterations (and at ``max_iter``) the
 item-marginal error max_{r,i} |Σ_j Γ_rij / μ_ri - 1| is read (one host synchronisation per check), and the
 loop stops below ``tolerance``; ``tolerance = None`` runs exactly ``max_iter`` iterations (annealing
-included). The iterations are plain tensor operations, so autograd differentiates through them
-(Cuturi et al. 2019, §3) unless the caller runs them under its own backward (SOFT top-k).
+included). Under ``torch.func.vmap`` the read covers every vmapped row too
+(:func:`~diffrank.operators.base.host_max`), so a vmapped call stops where the eager call on the stacked batch
+stops. ``torch.compile`` cannot trace the read: with a tolerance the loop runs eagerly inside a compiled
+function (one graph break, no ``fullgraph=True``); with ``tolerance = None`` the loop has a fixed length and
+compiles as one graph. The iterations are plain tensor
+operations, so autograd differentiates through them (Cuturi et al. 2019, §3), twice as well (exact second
+derivatives), unless the caller runs them under its own backward (SOFT top-k).
 
 **Fused kernel.** With ``kernel=True`` (SinkhornSort with ``backend`` ``"triton"``, or ``"auto"`` on CUDA)
 the iterations run in the Triton kernel of ``diffrank/kernels/sinkhorn.py``: one program per batch row keeps its cost
@@ -36,7 +41,8 @@ tiles that compile without register spills: :func:`diffrank.kernels.sinkhorn.fus
 the PyTorch loop). It runs the same iterations with the same ε and the same checks. Its backward is the reverse
 sweep that autograd takes through the PyTorch loop, fused in a second kernel over the potentials the forward
 recorded (n + m numbers per iteration instead of several n x m tensors), so the gradient is the PyTorch
-path's. It is differentiable once (no double backward).
+path's. It is differentiable once: a double backward raises
+:class:`~diffrank.operators.base.DoubleBackwardError` naming ``backend='torch'``.
 """
 
 from __future__ import annotations
@@ -46,7 +52,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
+from torch._C import _functorch
+
+from diffrank.operators.base import fold_vmapped, host_max, refuse_double_backward
 
 
 @dataclass(frozen=True)
@@ -95,7 +103,7 @@ def _epsilon_schedule(cost: Tensor, epsilon: float, schedule: SinkhornSchedule,
         start = max(epsilon, schedule.epsilon_start * cost_scale)
     elif schedule.epsilon_start is not None:
         start = (schedule.epsilon_start * cost.detach().amax(dim=(1, 2), keepdim=True)).clamp_min(epsilon)
-    top = start if isinstance(start, float) else float(start.max())  # one host read for the schedule's length
+    top = start if isinstance(start, float) else host_max(start)  # one host read for the schedule's length
     scaling = math.ceil(math.log(epsilon / top) / math.log(schedule.anneal)) if top > epsilon else 0
     return start, scaling
 
@@ -115,14 +123,16 @@ def _is_check(it: int, scaling: int, schedule: SinkhornSchedule) -> bool:
                                                or it == schedule.max_iter)
 
 
-def log_sinkhorn(cost: Tensor, log_mu: Tensor, log_nu: Tensor, epsilon: float, schedule: SinkhornSchedule,
+def log_sinkhorn(cost: Tensor, log_mu: Tensor, log_nu: Tensor, epsilon: float | Tensor, schedule: SinkhornSchedule,
                  cost_scale: float | None = None, kernel: bool = False) -> tuple[Tensor, int, float]:
     """log Γ of the entropic OT plan by log-domain Sinkhorn with the ε schedule of the module docstring.
 
     Args:
         cost: ``(R, n, m)`` cost C (items × targets), float32 or float64.
         log_mu: ``(R or 1, n)`` log item masses; log_nu: ``(R or 1, m)`` log target masses (each sums to 1).
-        epsilon: the target ε > 0.
+        epsilon: the target ε > 0: a float, or a 0-d tensor that may require grad (a learnable temperature: the
+            iterations at ε carry its gradient; the schedule reads its value once). A tensor ε runs the PyTorch
+            loop whatever ``kernel`` says.
         schedule: iteration settings.
         cost_scale: the cost scale c of the ε schedule (an upper bound of the entries of ``cost``), or
             ``None`` for each row's largest entry (one host read).
@@ -136,20 +146,32 @@ def log_sinkhorn(cost: Tensor, log_mu: Tensor, log_nu: Tensor, epsilon: float, s
         when ``schedule.tolerance`` is None. log Γ is formed with the last ε used (ε itself unless
         ``max_iter`` ran out during the scaling).
     """
-    if kernel:
+    if kernel and not isinstance(epsilon, Tensor):
         from diffrank.kernels.sinkhorn import fused_size
 
         if max(cost.shape[1], cost.shape[2]) <= fused_size(cost.dtype):
             return _log_sinkhorn_fused(cost, log_mu, log_nu, epsilon, schedule, cost_scale)
+    if schedule.tolerance is not None and torch.compiler.is_compiling():
+        # a loop that stops on a read of the marginal error runs eagerly, as one graph break: traced, every check
+        # would break the graph and each resumed piece recompile for the next iteration count
+        return _loop_eagerly(cost, log_mu, log_nu, epsilon, schedule, cost_scale)
+    return _loop(cost, log_mu, log_nu, epsilon, schedule, cost_scale)
+
+
+def _loop(cost: Tensor, log_mu: Tensor, log_nu: Tensor, epsilon: float | Tensor, schedule: SinkhornSchedule,
+          cost_scale: float | None) -> tuple[Tensor, int, float]:
+    """The PyTorch iterations of :func:`log_sinkhorn`."""
     R, n, m = cost.shape
     log_mu, log_nu = log_mu.unsqueeze(-1), log_nu.unsqueeze(-2)  # (R, n, 1), (R, 1, m)
     f = cost.new_zeros(R, n, 1)
     g = cost.new_zeros(R, 1, m)
-    start, scaling = _epsilon_schedule(cost, epsilon, schedule, cost_scale)
+    value = float(epsilon.detach()) if isinstance(epsilon, Tensor) else epsilon
+    start, scaling = _epsilon_schedule(cost, value, schedule, cost_scale)
     it, err = 0, float("nan")
     eps: Tensor | float = epsilon
     while it < schedule.max_iter:
-        eps = _epsilon_at(it, start, scaling, epsilon, schedule)
+        # at ε itself the (possibly learnable) tensor: the scaling iterations' ε does not depend on it
+        eps = epsilon if it >= scaling else _epsilon_at(it, start, scaling, value, schedule)
         f = eps * log_mu - eps * torch.logsumexp((g - cost) / eps, dim=2, keepdim=True)
         g = eps * log_nu - eps * torch.logsumexp((f - cost) / eps, dim=1, keepdim=True)
         it += 1
@@ -157,18 +179,26 @@ def log_sinkhorn(cost: Tensor, log_mu: Tensor, log_nu: Tensor, epsilon: float, s
             continue
         with torch.no_grad():
             row = torch.logsumexp((f + g - cost) / eps, dim=2, keepdim=True)
-            err = float((torch.exp(row - log_mu) - 1).abs().max())
+            err = host_max((torch.exp(row - log_mu) - 1).abs())
         if it > scaling and err < schedule.tolerance:
             break
     return (f + g - cost) / eps, it, err
 
 
+# torch's lazy form of torch.compiler.disable: dynamo (which loads Triton) is imported at the first call, under
+# torch.compile, never by an eager user
+_loop_eagerly = torch._disable_dynamo(_loop)
+
+
+
 def _log_sinkhorn_fused(cost: Tensor, log_mu: Tensor, log_nu: Tensor, epsilon: float, schedule: SinkhornSchedule,
                         cost_scale: float | None) -> tuple[Tensor, int, float]:
     """:func:`log_sinkhorn` with the iterations in the Triton kernel: one launch per marginal check."""
-    info: dict = {}
-    log_t = _FusedSinkhorn.apply(cost, log_mu, log_nu, epsilon, schedule, cost_scale, info)
-    return log_t, info["iterations"], info["error"]
+    info = _RunInfo()
+    # the potentials are recorded only for a backward (the forward of a Function runs without grad mode)
+    history = torch.is_grad_enabled() and any(t.requires_grad for t in (cost, log_mu, log_nu))
+    log_t = _FusedSinkhorn.apply(cost, log_mu, log_nu, epsilon, schedule, cost_scale, history, info)
+    return log_t, info.iterations, info.error
 
 
 def _epsilon_table(steps: list, like: Tensor) -> Tensor:
@@ -181,16 +211,25 @@ def _epsilon_table(steps: list, like: Tensor) -> Tensor:
                       for e in steps], dim=1)
 
 
+class _RunInfo:
+    """What a fused run reports besides log Γ: iterations, error, and for the backward the last ε and the recorded
+    runs. A plain object: ``torch.func`` rebuilds a dict argument (a pytree), so the caller's would stay empty."""
+
+    __slots__ = ("iterations", "error", "eps", "runs")
+
+
 class _FusedSinkhorn(torch.autograd.Function):
     """log Γ by the kernel's iterations (the schedule and checks of :func:`log_sinkhorn`); the backward runs
-    the kernel's reverse sweep over the recorded potentials. ``info`` receives the iterations and the error."""
+    the kernel's reverse sweep over the recorded potentials. ``info`` receives the iterations and the error
+    (and, for :meth:`setup_context`, the ε and the recorded runs). Differentiable once: a double backward raises
+    :class:`~diffrank.operators.base.DoubleBackwardError` (the PyTorch loop, ``backend='torch'``, has exact
+    second derivatives). ``torch.func.vmap`` folds the vmapped dimension into the rows (:meth:`vmap`)."""
 
     @staticmethod
-    def forward(ctx, cost, log_mu, log_nu, epsilon, schedule, cost_scale, info):
+    def forward(cost, log_mu, log_nu, epsilon, schedule, cost_scale, history, info):
         from diffrank.kernels.sinkhorn import sinkhorn_updates
 
         R, n, m = cost.shape
-        history = any(ctx.needs_input_grad[:3])
         start, scaling = _epsilon_schedule(cost, epsilon, schedule, cost_scale)
         f = cost.new_zeros(R, n)
         g = cost.new_zeros(R, m)
@@ -211,23 +250,75 @@ class _FusedSinkhorn(torch.autograd.Function):
                 if it > scaling and err < schedule.tolerance:
                     break
         eps = steps[-1]
-        info["iterations"], info["error"] = it, err
-        ctx.eps, ctx.runs = eps, runs
-        ctx.shapes = (log_mu.shape, log_nu.shape)
-        ctx.save_for_backward(cost)
+        info.iterations, info.error, info.eps, info.runs = it, err, eps, runs
         return (f.unsqueeze(-1) + g.unsqueeze(-2) - cost) / eps
 
     @staticmethod
-    @once_differentiable  # the kernels are not differentiable again: refuse double backward
+    def setup_context(ctx, inputs, output) -> None:
+        cost, log_mu, log_nu, *_, info = inputs
+        ctx.eps, ctx.runs = info.eps, info.runs
+        ctx.shapes = (log_mu.shape, log_nu.shape)
+        ctx.save_for_backward(cost)
+
+    @staticmethod
+    def vmap(vinfo, in_dims, cost, log_mu, log_nu, epsilon, schedule, cost_scale, history, info):
+        """Every (vmapped sample, row) is one row of the kernel: the stopping rule's worst row then covers them
+        all, as in the eager call on the stacked batch."""
+        V = vinfo.batch_size
+        c = fold_vmapped(cost, in_dims[0], V)
+        R = c.shape[0] // V
+        log_t = _FusedSinkhorn.apply(c, _fold_masses(log_mu, in_dims[1], V, R),
+                                     _fold_masses(log_nu, in_dims[2], V, R), epsilon, schedule, cost_scale,
+                                     history, info)
+        return log_t.unflatten(0, (V, R)), 0
+
+    @staticmethod
     def backward(ctx, grad):
         from diffrank.kernels.sinkhorn import sinkhorn_backward
 
         (cost,) = ctx.saved_tensors
         acc = torch.float64 if cost.dtype == torch.float64 else torch.float32
         scaled = grad.to(acc) / ctx.eps  # log Γ = (f + g - C) / ε_last
-        d_cost, d_mu, d_nu = sinkhorn_backward(cost, ctx.runs, (-scaled).contiguous(), scaled.sum(2).contiguous(),
-                                               scaled.sum(1).contiguous())
+        # a torch.func transform hands wrapped (or batched, for jacrev) gradients, which a kernel cannot read
+        sweep = _reverse_sweep if _functorch.is_functorch_wrapped_tensor(grad) else sinkhorn_backward
+        d_cost, d_mu, d_nu = sweep(cost, ctx.runs, (-scaled).contiguous(), scaled.sum(2).contiguous(),
+                                   scaled.sum(1).contiguous())
         mu_shape, nu_shape = ctx.shapes
         d_mu = d_mu.sum(0, keepdim=True) if mu_shape[0] == 1 else d_mu  # log μ broadcast over the rows
         d_nu = d_nu.sum(0, keepdim=True) if nu_shape[0] == 1 else d_nu
-        return d_cost.to(cost.dtype), d_mu.to(cost.dtype), d_nu.to(cost.dtype), None, None, None, None
+        grads = (d_cost.to(cost.dtype), d_mu.to(cost.dtype), d_nu.to(cost.dtype), None, None, None, None, None)
+        return refuse_double_backward(grads, "the fused Sinkhorn kernel (SinkhornSort with backend 'triton' or "
+                                      "'auto' on CUDA)", "backend='torch' (autograd through the PyTorch iterations "
+                                      "gives exact second derivatives)")
+
+
+def _reverse_sweep(cost: Tensor, runs: list[tuple[Tensor, Tensor, Tensor]], d_cost: Tensor, d_f: Tensor,
+                   d_g: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`diffrank.kernels.sinkhorn.sinkhorn_backward` (the reverse sweep of the kernels' module docstring) in
+    PyTorch operations, for the gradients of ``torch.func`` transforms; same arguments and results."""
+    c = cost.to(d_cost.dtype)
+    d_mu, d_nu = torch.zeros_like(d_f), torch.zeros_like(d_g)
+    for eps, fh, gh in reversed(runs):
+        eps = eps.to(c.dtype)
+        for t in reversed(range(eps.shape[1])):
+            e = eps[:, t].view(-1, 1, 1)
+            # the target-side update g_t = ε log ν - ε LSE_i((f_t - C) / ε)
+            wa = torch.softmax((fh[:, t].unsqueeze(-1).to(c.dtype) - c) / e, dim=1) * d_g.unsqueeze(1)
+            d_f = d_f - wa.sum(2)
+            d_cost = d_cost + wa
+            d_nu = d_nu + e.view(-1, 1) * d_g
+            # the item-side update f_t = ε log μ - ε LSE_j((g_{t-1} - C) / ε)
+            wb = torch.softmax((gh[:, t].unsqueeze(1).to(c.dtype) - c) / e, dim=2) * d_f.unsqueeze(-1)
+            d_g = -wb.sum(1)
+            d_cost = d_cost + wb
+            d_mu = d_mu + e.view(-1, 1) * d_f
+            d_f = torch.zeros_like(d_f)  # f_{t-1} feeds nothing but the output, counted once at the top
+    return d_cost, d_mu, d_nu
+
+
+def _fold_masses(x: Tensor, dim: int | None, size: int, rows: int) -> Tensor:
+    """Log masses ``(R or 1, n)`` under vmap as ``(size · R, n)``; unvmapped ``(1, n)`` masses stay shared."""
+    if dim is None and x.shape[0] == 1:
+        return x
+    x = x.unsqueeze(0) if dim is None else x.movedim(dim, 0)
+    return x.expand(size, rows, x.shape[-1]).flatten(0, 1)

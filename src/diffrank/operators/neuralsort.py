@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from diffrank.operators.backend import check_backend, use_triton
-from diffrank.operators.base import RankingOperator
+from diffrank.operators.base import RankingOperator, beta_repr
 
 
 def abs_diff_row_sums(scores: Tensor) -> Tensor:
@@ -38,7 +38,7 @@ def abs_diff_row_sums(scores: Tensor) -> Tensor:
     below = v * i - (prefix - v)  # Σ_{l<i} (v_i - v_l)
     above = (total - prefix) - v * (n - 1 - i)  # Σ_{l>i} (v_l - v_i)
     sums_sorted = below + above
-    return torch.empty_like(sums_sorted).scatter_(-1, order, sums_sorted)
+    return sums_sorted.scatter(-1, order, sums_sorted)  # out of place: vmap has a batching rule for it
 
 
 class NeuralSort(RankingOperator):
@@ -47,28 +47,38 @@ class NeuralSort(RankingOperator):
     Args:
         beta: inverse temperature β = 1/τ (Grover et al.'s τ); > 0. Default 0.5, the config's value
             (``configs/operator/neuralsort.yaml``: the difftopk README's ImageNet heads).
+            A 0-d tensor that requires grad is learnable (:attr:`learnable_beta`; autograd gives ∂/∂β, on the
+            PyTorch path: the kernels take a fixed β).
         backend: ``"auto"`` (Triton kernels on CUDA inputs, PyTorch elsewhere), ``"torch"`` or ``"triton"``
             (see :mod:`diffrank.operators.backend`); both compute the same rows.
 
     Shapes: ``forward(scores (B, n), k)`` → ``(B, k or n, n)``; each row sums to 1 (a softmax);
     columns sum to ≈ 1 only (Grover et al. 2019, §3: P̂ is unimodal row-stochastic).
 
+    Second derivatives are exact on both paths (the kernels' backward is differentiable). Under ``torch.compile``
+    the PyTorch path compiles with ``fullgraph=True``.
+
     Raises:
-        ValueError: for beta <= 0 or an unknown backend; see :class:`RankingOperator` for input errors.
+        ValueError: for beta <= 0, an unknown backend, or ``backend="triton"`` with a learnable β; see
+            :class:`RankingOperator` for input errors.
     """
 
     permutation_equivariant = True
+    learnable_beta = True
     hard_beta = 200.0
 
-    def __init__(self, beta: float = 0.5, backend: str = "auto") -> None:
+    def __init__(self, beta: float | Tensor = 0.5, backend: str = "auto") -> None:
         super().__init__(beta)
         self.backend = check_backend(backend)
+        if self.backend == "triton" and isinstance(self.beta, Tensor):
+            raise ValueError("the Triton kernels take a fixed beta; a learnable (tensor) beta needs backend='torch' "
+                             "or 'auto' (which then runs PyTorch)")
 
     def _permutation(self, scores: Tensor, k: int | None) -> Tensor:
         """Top ``k`` (or all n) rows of P̂ (Grover et al. 2019, Eq. 5). Shapes as in the class docstring."""
         n = scores.shape[-1]
         r = n if k is None else k
-        if use_triton(self.backend, scores):
+        if not isinstance(self.beta, Tensor) and use_triton(self.backend, scores):
             from diffrank.kernels.neuralsort import neuralsort_topk_rows
 
             return neuralsort_topk_rows(scores, abs_diff_row_sums(scores), r, self.beta)
@@ -78,4 +88,4 @@ class NeuralSort(RankingOperator):
         return torch.softmax(logits * self.beta, dim=-1)
 
     def extra_repr(self) -> str:
-        return f"beta={self.beta}, backend={self.backend!r}"
+        return f"beta={beta_repr(self.beta)}, backend={self.backend!r}"

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from diffrank.operators.backend import check_backend, use_triton
-from diffrank.operators.base import RankingOperator
+from diffrank.operators.base import RankingOperator, beta_repr
 from diffrank.operators.log_sinkhorn import SinkhornSchedule, log_sinkhorn
 
 # largest u·β (unit roundoff of the compute dtype × β) at which the plan's marginals still converge: measured on
@@ -43,7 +43,10 @@ class SinkhornSort(RankingOperator):
 
     Args:
         beta: inverse temperature; ε = 1/β is the entropic regularisation in units of the [0, 1]-squashed
-            cost (squared distance).
+            cost (squared distance). A 0-d tensor that requires grad is learnable (:attr:`learnable_beta`):
+            autograd through the iterations at ε gives ∂/∂β (the ε-scaling iterations before do not depend on
+            β); each call then reads its value once for the schedule, and runs the PyTorch loop (the fused
+            kernel takes a fixed β).
         tolerance: stop when max_i |Σ_r P[r, i] - 1| < tolerance; ``None`` = always ``max_iter`` iterations.
         max_iter: iteration cap (each iteration = one item-side and one rank-side update).
         epsilon_start: ε-scaling start as a fraction of the cost scale, which is 1 here (the costs lie in
@@ -57,6 +60,12 @@ class SinkhornSort(RankingOperator):
     Shapes: ``forward(scores (B, n), k)`` → ``(B, k or n, n)``. ``last_iterations`` holds the iterations
     used by the last call (diagnostics: Petersen et al. 2022 remark that late training needs more).
 
+    Second derivatives are exact on the PyTorch path (autograd through the iterations); the fused kernel refuses
+    a double backward (:class:`~diffrank.operators.base.DoubleBackwardError`). Under ``torch.compile`` the
+    convergence check is a host read, so with a tolerance the iterations run eagerly (one graph break);
+    ``tolerance=None`` (exactly ``max_iter`` iterations) compiles with ``fullgraph=True``. Under
+    ``torch.func.vmap`` the check covers every vmapped sample (the result equals the stacked eager call).
+
     Raises:
         ValueError: for a non-positive beta, an unknown backend or a setting outside its range (see
             :class:`~diffrank.operators.log_sinkhorn.SinkhornSchedule`); at the call, a β beyond the compute
@@ -69,8 +78,9 @@ class SinkhornSort(RankingOperator):
     doubly_stochastic = True
     permutation_equivariant = True
     hard_beta = 1e4
+    learnable_beta = True
 
-    def __init__(self, beta: float = 100.0, tolerance: float | None = 1e-2, max_iter: int = 2000,
+    def __init__(self, beta: float | Tensor = 100.0, tolerance: float | None = 1e-2, max_iter: int = 2000,
                  epsilon_start: float | None = 0.1, anneal: float = 0.95, check_every: int = 5,
                  backend: str = "auto") -> None:
         super().__init__(beta)
@@ -82,13 +92,15 @@ class SinkhornSort(RankingOperator):
         """Rows of P = n · Tᵀ from log-domain Sinkhorn (Cuturi et al. 2019). Shapes as in the class docstring."""
         B, n = scores.shape
         unit = torch.finfo(scores.dtype).eps / 2
-        if unit * self.beta > MAX_ROUNDING:
+        learnable = isinstance(self.beta, Tensor)
+        beta = float(self.beta.detach()) if learnable else self.beta  # its value, for the checks and messages
+        if unit * beta > MAX_ROUNDING:
             # the log-domain plan (f + g - C) / ε rounds f, g, C (all O(1)) to u and divides by ε = 1/β: its
             # entries carry errors of u·β, and past ~0.1 the marginals stop converging (rows summing to 186 at
             # β = 1e9 in float32, no error raised, before this check)
-            raise ValueError(f"beta={self.beta:g} is out of {str(scores.dtype).removeprefix('torch.')}'s range for "
+            raise ValueError(f"beta={beta:g} is out of {str(scores.dtype).removeprefix('torch.')}'s range for "
                              f"SinkhornSort: the log-domain plan carries rounding errors of u·β = "
-                             f"{unit * self.beta:.2g} (u = {unit:.2g}), so its marginals cannot converge; use "
+                             f"{unit * beta:.2g} (u = {unit:.2g}), so its marginals cannot converge; use "
                              f"beta <= {MAX_ROUNDING / unit:.3g}, or float64 scores")
         if n == 1:
             return torch.ones(B, 1, 1, dtype=scores.dtype, device=scores.device) + 0 * scores.unsqueeze(-1)
@@ -106,14 +118,14 @@ class SinkhornSort(RankingOperator):
         log_w = scores.new_full((1, n), -math.log(n))
         # the squashed points and the targets lie in [0, 1], so the cost scale of the ε schedule is 1
         log_t, self.last_iterations, err = log_sinkhorn(cost, log_w, log_w, 1.0 / self.beta, self.schedule, 1.0,
-                                                        kernel=use_triton(self.backend, scores))
+                                                        kernel=not learnable and use_triton(self.backend, scores))
         tolerance = self.schedule.tolerance
         if tolerance is not None and not err < tolerance:  # also NaN: the check itself overflowed
             warnings.warn(f"SinkhornSort did not converge: item-marginal error {err:.2e} > tolerance {tolerance:g} "
-                          f"after {self.last_iterations} iterations (beta={self.beta:g}, n={n}); rows of P may not "
+                          f"after {self.last_iterations} iterations (beta={beta:g}, n={n}); rows of P may not "
                           "sum to 1: raise max_iter or lower beta", RuntimeWarning, stacklevel=3)
         p = (log_t + math.log(n)).exp().transpose(1, 2)
         return p if k is None else p[:, :k]
 
     def extra_repr(self) -> str:
-        return f"beta={self.beta}, {self.schedule}, backend={self.backend!r}"
+        return f"beta={beta_repr(self.beta)}, {self.schedule}, backend={self.backend!r}"
