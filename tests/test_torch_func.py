@@ -15,8 +15,7 @@
 
 Inputs are small (B = 2 sets of n = 5 items, 3 vmapped samples, scores spaced ~1/β apart for the method's config
 β) so that the matrix stays cheap; the compiled cells
-of all but one function per method are ``slow`` (each compiles for seconds). The cells that fail here because their
-operator is converted on another branch are ``xfail(strict=False)``, driven by :data:`PENDING` alone.
+of all but one function per method are ``slow`` (each compiles for seconds).
 """
 
 from __future__ import annotations
@@ -31,20 +30,10 @@ from diffrank import functional as F
 from diffrank.operators import available, load
 from diffrank.operators.base import DoubleBackwardError
 
-# (method, check) → the branch that converts it; check None = every check of the method. Delete an entry once that
-# branch is merged (the cells then pass, or fail loudly).
-PENDING: dict[tuple[str, str | None], str] = {
-    ("diffsort_bitonic", None): "nets", ("diffsort_odd_even", None): "nets", ("difftopk_bitonic", None): "nets",
-    ("difftopk_splitter", None): "nets",
-    ("soft_topk", "vmap"): "nets", ("soft_topk", "grad"): "nets", ("soft_topk", "fullgraph"): "nets",
-    ("sparse_soft_topk", "vmap"): "nets", ("sparse_soft_topk", "grad"): "nets",
-    ("fast_soft_sort", None): "fss",
-    ("lapsum", None): "lapsum",
-}
-
-# the methods whose CPU path is PyTorch operations only: torch.compile(fullgraph=True) must trace them
-PURE_TORCH = {"neuralsort", "softsort", "sinkhorn", "relaxed_bubble_sort", "dftopk", "soft_topk", "diffsort_bitonic",
-              "diffsort_odd_even", "difftopk_bitonic", "difftopk_splitter"}
+# the methods whose CPU path is PyTorch operations only: torch.compile(fullgraph=True) must trace them. Not here
+# (docs/api.md, "torch.compile and torch.func"): the numba paths (fast_soft_sort, lapsum, sparse_soft_topk), SOFT
+# top-k (a data-dependent stop) and the networks (layers built with numpy on first use; a custom forward-mode rule)
+PURE_TORCH = {"neuralsort", "softsort", "sinkhorn", "relaxed_bubble_sort", "dftopk"}
 
 # Sinkhorn runs a fixed number of iterations here: its default stopping rule reads the marginal error on the host,
 # which fullgraph cannot trace and which stops a batch where its worst row converges (a loop over samples stops each
@@ -71,13 +60,10 @@ CELLS, SCALE = _cells()
 FIRST = {method: fn for method, fn in reversed(CELLS)}  # one function per method runs compile in the default suite
 
 
-def _params(check: str, cells=CELLS, slow_beyond_first: bool = False) -> list:
+def _params(cells=CELLS, slow_beyond_first: bool = False) -> list:
     params = []
     for method, fn in cells:
         marks = []
-        branch = PENDING.get((method, check)) or PENDING.get((method, None))
-        if branch:
-            marks.append(pytest.mark.xfail(strict=False, reason=f"converted on branch {branch}"))
         if slow_beyond_first and FIRST[method] != fn:
             marks.append(pytest.mark.slow)
         params.append(pytest.param(method, fn, marks=marks, id=f"{method}-{fn}"))
@@ -107,7 +93,7 @@ def _value_and_grad(f, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return y.detach(), g
 
 
-@pytest.mark.parametrize("method,fn", _params("gradgrad"))
+@pytest.mark.parametrize("method,fn", _params())
 def test_second_derivatives_exact_or_refused(method, fn):
     x = _scores(method, 2, 5).requires_grad_()
     try:
@@ -117,14 +103,14 @@ def test_second_derivatives_exact_or_refused(method, fn):
         assert op.twice_differentiable is False, f"{method} refuses a double backward but declares it exact"
 
 
-@pytest.mark.parametrize("method,fn", _params("vmap"))
+@pytest.mark.parametrize("method,fn", _params())
 def test_vmap_equals_the_loop(method, fn):
     f = _f(method, fn)
     xs = _scores(method, 3, 2, 5)
     torch.testing.assert_close(torch.func.vmap(f)(xs), torch.stack([f(x) for x in xs]))
 
 
-@pytest.mark.parametrize("method,fn", _params("grad"))
+@pytest.mark.parametrize("method,fn", _params())
 def test_func_grad_equals_autograd(method, fn):
     f = _f(method, fn)
     x = _scores(method, 2, 5)
@@ -133,7 +119,7 @@ def test_func_grad_equals_autograd(method, fn):
     torch.testing.assert_close(got, _value_and_grad(f, x)[1])
 
 
-@pytest.mark.parametrize("method,fn", _params("compile", slow_beyond_first=True))
+@pytest.mark.parametrize("method,fn", _params(slow_beyond_first=True))
 def test_compile_equals_eager(method, fn):
     torch._dynamo.reset()
     F._clear_cache()  # the first call is the compiled one: the operator is built (and its kernels compiled) in it
@@ -144,7 +130,7 @@ def test_compile_equals_eager(method, fn):
     torch.testing.assert_close(got, want)
 
 
-@pytest.mark.parametrize("method,fn", _params("fullgraph", [c for c in CELLS if c[0] in PURE_TORCH],
+@pytest.mark.parametrize("method,fn", _params([c for c in CELLS if c[0] in PURE_TORCH],
                                               slow_beyond_first=True))
 def test_fullgraph_compile_equals_eager(method, fn):
     torch._dynamo.reset()
@@ -178,7 +164,7 @@ def test_sinkhorn_with_a_tolerance_vmaps_and_compiles():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method,fn", _params("compile", [("fast_soft_sort", "soft_rank"), ("lapsum", "soft_rank")]))
+@pytest.mark.parametrize("method,fn", _params([("fast_soft_sort", "soft_rank"), ("lapsum", "soft_rank")]))
 def test_first_call_of_a_fresh_process_compiled(method, fn):
     """The numba paths, first touched inside torch.compile (in this process they may be compiled already)."""
     code = (

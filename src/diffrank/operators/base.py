@@ -324,6 +324,21 @@ def refuse_double_backward(grads: tuple[Tensor | None, ...], method: str, altern
     return tuple(res)
 
 
+def constant(make):
+    """``make()`` outside any ``torch.func`` transform: a tensor cached across calls must be a plain tensor. Built
+    inside ``jacfwd`` / ``hessian`` (whose levels wrap even the ``.to(device)`` of a numpy array), it would be
+    that level's wrapper, and a later call would fail with functorch's "level … escaped" assertion.
+
+    Args:
+        make: a function of no arguments returning a tensor or a tuple of tensors.
+
+    Returns:
+        What ``make`` returns, built with the functorch dispatch disabled.
+    """
+    with torch._C._DisableFuncTorch():
+        return make()
+
+
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype a computation runs in: float32 for float16 / bfloat16, else ``dtype`` itself."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
@@ -506,7 +521,7 @@ class RankingOperator(nn.Module):
         cache = self.__dict__.setdefault("_rows_index_cache", {})
         key = (tuple(ks), str(device))
         if key not in cache:
-            cache[key] = torch.as_tensor([k - 1 for k in ks], device=device)
+            cache[key] = constant(lambda: torch.as_tensor([k - 1 for k in ks], device=device))
         return cache[key]
 
     def _soft_sort(self, x: Tensor) -> Tensor:

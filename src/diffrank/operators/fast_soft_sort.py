@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from diffrank.operators import fast_soft_sort_cpu as _cpu
-from diffrank.operators.base import SOFT_RANK, SOFT_SORT, RankingOperator
+from diffrank.operators.base import SOFT_RANK, SOFT_SORT, RankingOperator, constant
 
 REGULARIZATIONS = ("l2", "kl")
 
@@ -290,7 +290,7 @@ def _constant(key: tuple, make) -> Tensor:
         if len(_CONSTANTS) >= 64:
             _CONSTANTS.clear()
         with torch.inference_mode(False):
-            t = _CONSTANTS[key] = make()
+            t = _CONSTANTS[key] = constant(make)
     return t
 
 

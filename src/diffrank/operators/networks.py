@@ -37,20 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-
-def constant(make):
-    """``make()`` outside any ``torch.func`` transform: a tensor cached across calls must be a plain tensor. Built
-    inside ``jacfwd`` / ``hessian`` (whose levels wrap even the ``.to(device)`` of a numpy array), it would be
-    that level's wrapper, and a later call would fail with functorch's "level … escaped" assertion.
-
-    Args:
-        make: a function of no arguments returning a tensor or a tuple of tensors.
-
-    Returns:
-        What ``make`` returns, built with the functorch dispatch disabled.
-    """
-    with torch._C._DisableFuncTorch():
-        return make()
+from diffrank.operators.base import constant
 
 
 @dataclass(eq=False)

@@ -64,8 +64,8 @@ from torch import Tensor
 
 from diffrank.operators._vmap import fold_vmap
 from diffrank.operators.backend import check_backend, guarded_call, use_triton
-from diffrank.operators.base import TOPK_MEMBERSHIP, RankingOperator, check_k
-from diffrank.operators.networks import Network, build, constant
+from diffrank.operators.base import TOPK_MEMBERSHIP, RankingOperator, check_k, constant
+from diffrank.operators.networks import Network, build
 from diffrank.operators.sigmoids import check_art_lambda, check_sigmoid, swap_slope, swap_weight
 
 # a beta at which P of scores spaced >= 0.5 apart is within 1e-3 of the hard permutation for n <= 8
@@ -517,8 +517,8 @@ class ComparatorNetwork(RankingOperator):
         """Σ_{r<k} P[r, j] for each k in one bidirectional pass from the indicator rows (Petersen et al.
         2022, Eq. 2 and 3), through the network built for max(ks)."""
         # built on the device (the k's from a cached index): no host-to-device copy per call; the index is a cached
-        # constant, built outside torch.func transforms (networks.constant)
-        rows = constant(lambda: self._rows_index(ks, x.device))
+        # constant, built outside torch.func transforms (base.constant)
+        rows = self._rows_index(ks, x.device)
         w_out = torch.arange(x.shape[1], device=x.device).unsqueeze(0) <= rows.unsqueeze(1)
         return self._rows(x, max(ks), w_out)
 
