@@ -21,9 +21,9 @@ def test_committed_records_hold_no_machine_path(path):
 
 def test_relative_keeps_the_part_from_outputs_or_data():
     assert relative("/srv/a/outputs/t7/seed0/checkpoints/last.ckpt") == "outputs/t7/seed0/checkpoints/last.ckpt"
-    assert relative("/mnt/shared/data") == "data"
+    assert relative("/srv/lab/data") == "data"
     assert relative("/x/outputs/run/data/cache") == "outputs/run/data/cache"   # the first of the two wins
-    assert portable("paths.data_dir=/mnt/shared/data") == "paths.data_dir=data"
+    assert portable("paths.data_dir=/srv/lab/data") == "paths.data_dir=data"
     assert portable("1/2 of outputs/x, 3e-4") == "1/2 of outputs/x, 3e-4"      # relative text is left alone
 
 
@@ -38,8 +38,8 @@ def test_a_path_without_a_rule_is_refused(tmp_path):
 
 
 def test_rewrite_changes_only_the_paths_and_is_stable(tmp_path):
-    lines = [{"run_dir": "/home/u/repo/outputs/b/seed1", "metrics": {"test/top1": 0.5}},
-             {"run_dir": "/home/u/repo/outputs/b/seed2", "overrides": ["paths.data_dir=/home/u/data", "seed=2"]}]
+    lines = [{"run_dir": "/srv/u/repo/outputs/b/seed1", "metrics": {"test/top1": 0.5}},
+             {"run_dir": "/srv/u/repo/outputs/b/seed2", "overrides": ["paths.data_dir=/srv/u/data", "seed=2"]}]
     archive = tmp_path / "a.jsonl.gz"
     archive.write_bytes(gzip.compress("".join(json.dumps(r, sort_keys=True) + "\n" for r in lines).encode(), mtime=0))
     assert rewrite(archive) == 3
