@@ -29,10 +29,12 @@ torchsort: $(STAMP)  ## optional: build torchsort 0.1.10 from source (~4 min), t
 	TORCH_CUDA_ARCH_LIST="$${TORCH_CUDA_ARCH_LIST:-9.0}" LIBRARY_PATH="$(CUDA_HOME)/lib64:$$LIBRARY_PATH" \
 		$(BIN)/python -m pip install -q --no-build-isolation torchsort==0.1.10
 
-# The official LapSum CPU extension (MIT; kept in ../shared/peers/lapsum_official, never vendored): a benchmark and
-# parity reference. JIT-compiled into ~/.cache/diffrank/lapsum_official; without it its bench rows and tests skip.
-lapsum-reference: $(STAMP)  ## optional: JIT-build the official LapSum C++ extension (~1.5 min; skips without the source)
-	$(BIN)/python -m diffrank.benchmark.lapsum_reference --build
+# The official LapSum CPU extension (Struski et al. 2025, MIT; never vendored): a benchmark and parity reference.
+# DIFFRANK_LAPSUM_OFFICIAL names a checkout of the official LapSum code (the variable the benchmark reads too);
+# JIT-compiled into ~/.cache/diffrank/lapsum_official. Without it its bench rows and tests skip.
+lapsum-reference: $(STAMP)  ## optional: JIT-build the official LapSum C++ extension from $DIFFRANK_LAPSUM_OFFICIAL (~1.5 min)
+	@test -n "$(DIFFRANK_LAPSUM_OFFICIAL)" || { echo "set DIFFRANK_LAPSUM_OFFICIAL to a checkout of the official LapSum code"; exit 2; }
+	DIFFRANK_LAPSUM_OFFICIAL="$(DIFFRANK_LAPSUM_OFFICIAL)" $(BIN)/python -m diffrank.benchmark.lapsum_reference --build
 
 train: $(STAMP)  ## run the default experiment: operator=sinkhorn pk=half_top5 on digits100 (real data)
 	$(BIN)/python train.py $(ARGS)
