@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from diffrank.kernels import lapsum, networks, neuralsort, sinkhorn, soft_topk, softsort
-from diffrank.kernels._common import acc
+from diffrank.kernels._common import acc, row_item_blocks
 
 #: the score dtypes that reach the kernels on CUDA (half precision arrives as float32)
 SCORE_DTYPES = (torch.float32, torch.float64)
@@ -177,7 +177,7 @@ def auto_launches() -> list[Launch]:
 
 def _softsort(dt: torch.dtype) -> list[Launch]:
     out, ACC = [], acc(dt)
-    for (block, item_block), ex in _examples(UNBOUNDED_N, softsort._blocks).items():
+    for (block, item_block), ex in _examples(UNBOUNDED_N, row_item_blocks).items():
         for kind, n in ex.items():
             k = _other(kind, 5)
             e = f"n={n} k={k}"
@@ -193,7 +193,7 @@ def _softsort(dt: torch.dtype) -> list[Launch]:
 
 def _neuralsort(dt: torch.dtype) -> list[Launch]:
     out, ACC = [], acc(dt)
-    for (block, item_block), ex in _examples(UNBOUNDED_N, neuralsort._blocks).items():
+    for (block, item_block), ex in _examples(UNBOUNDED_N, row_item_blocks).items():
         for kind, n in ex.items():
             k = _other(kind, 5)
             e = f"n={n} k={k}"

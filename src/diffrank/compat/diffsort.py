@@ -56,12 +56,7 @@ class DiffSortNet(nn.Module):
         super().__init__()
         if sorting_network_type not in NETWORKS:
             raise ValueError(f"sorting_network_type must be one of {NETWORKS}, got {sorting_network_type!r}")
-        if interpolation_type is not None:
-            if distribution not in (None, "cauchy", interpolation_type):
-                raise ValueError(f"two different distributions are set (distribution={distribution!r}, "
-                                 f"interpolation_type={interpolation_type!r}); interpolation_type is diffsort's "
-                                 "deprecated name of distribution")
-            distribution = interpolation_type
+        distribution = peer_distribution(distribution, interpolation_type, "diffsort")
         self.sorting_network_type = sorting_network_type
         self.size = int(size)
         self.steepness, self.art_lambda, self.distribution = steepness, art_lambda, distribution
@@ -70,8 +65,29 @@ class DiffSortNet(nn.Module):
 
     def forward(self, vectors: Tensor) -> tuple[Tensor, Tensor]:
         """``(ascending soft sort (B, n), P (B, n, n))`` in diffsort's orientation (see the class docstring)."""
-        if not isinstance(vectors, Tensor) or vectors.dim() != 2 or vectors.shape[1] != self.size:
-            raise ValueError(f"vectors must have shape (B, {self.size}), got "
-                             f"{tuple(getattr(vectors, 'shape', ())) or type(vectors).__name__}")
+        check_vectors(vectors, self.size)
         p = self.operator(vectors)  # rows = ranks (0 = largest), columns = items
         return self.operator.soft_sort(vectors).flip(1), p.flip(1).transpose(1, 2)
+
+
+def peer_distribution(distribution: str | None, interpolation_type: str | None, peer: str) -> str | None:
+    """The sigmoid a diffsort / difftopk network is built with: ``interpolation_type`` is the peers' deprecated name
+    of ``distribution`` and wins over the default.
+
+    Raises:
+        ValueError: both are set, to different values.
+    """
+    if interpolation_type is None:
+        return distribution
+    if distribution not in (None, "cauchy", interpolation_type):
+        raise ValueError(f"two different distributions are set (distribution={distribution!r}, "
+                         f"interpolation_type={interpolation_type!r}); interpolation_type is {peer}'s "
+                         "deprecated name of distribution")
+    return interpolation_type
+
+
+def check_vectors(vectors: Tensor, size: int) -> None:
+    """Raise ``ValueError`` unless ``vectors`` is a ``(B, size)`` tensor, as the peers' networks require."""
+    if not isinstance(vectors, Tensor) or vectors.dim() != 2 or vectors.shape[1] != size:
+        raise ValueError(f"vectors must have shape (B, {size}), got "
+                         f"{tuple(getattr(vectors, 'shape', ())) or type(vectors).__name__}")

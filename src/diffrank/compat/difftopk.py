@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from diffrank.compat.diffsort import check_vectors, peer_distribution
 from diffrank.losses.topk_cross_entropy import TopKCrossEntropyLoss as _Loss
 from diffrank.operators.neuralsort import NeuralSort
 from diffrank.operators.softsort import SoftSort
@@ -74,12 +75,7 @@ class DiffTopkNet(nn.Module):
             raise ValueError("difftopk builds the splitter selection network only with sparse=True")
         if not 1 <= int(k) <= int(size):
             raise ValueError(f"k must satisfy 1 <= k <= size = {size}, got {k}")
-        if interpolation_type is not None:
-            if distribution not in (None, "cauchy", interpolation_type):
-                raise ValueError(f"two different distributions are set (distribution={distribution!r}, "
-                                 f"interpolation_type={interpolation_type!r}); interpolation_type is difftopk's "
-                                 "deprecated name of distribution")
-            distribution = interpolation_type
+        distribution = peer_distribution(distribution, interpolation_type, "difftopk")
         self.sorting_network_type, self.size, self.k, self.sparse = sorting_network_type, int(size), int(k), sparse
         self.steepness, self.art_lambda, self.distribution = steepness, art_lambda, distribution
         self.operator = ComparatorNetwork(beta=steepness, sigmoid=distribution, art_lambda=art_lambda,
@@ -87,9 +83,7 @@ class DiffTopkNet(nn.Module):
 
     def forward(self, vectors: Tensor) -> tuple[None, Tensor]:
         """``(None, X (B, n, k))`` in difftopk's orientation (see the class docstring)."""
-        if not isinstance(vectors, Tensor) or vectors.dim() != 2 or vectors.shape[1] != self.size:
-            raise ValueError(f"vectors must have shape (B, {self.size}), got "
-                             f"{tuple(getattr(vectors, 'shape', ())) or type(vectors).__name__}")
+        check_vectors(vectors, self.size)
         rows = self.operator.topk_rows(vectors, self.k)  # (B, k, n), row 0 = the largest
         return None, rows.flip(1).transpose(1, 2)
 

@@ -13,6 +13,12 @@ def block_size(n: int, cap: int | None = 1024) -> int:
     return b if cap is None else min(cap, b)
 
 
+def row_item_blocks(n: int) -> tuple[int, int]:
+    """(BLOCK of the row programs, BLOCK of the item programs) for rows of n items (NeuralSort, SoftSort)."""
+    block = block_size(n)
+    return block, min(block, 256)  # narrower item blocks: more programs per sample in the backward
+
+
 def acc(dtype: torch.dtype):
     """The Triton accumulation dtype: float64 for float64 inputs, float32 otherwise."""
     return tl.float64 if dtype == torch.float64 else tl.float32

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from diffrank.kernels._common import acc, acc_torch, beta_tensor, block_size
+from diffrank.kernels._common import acc, acc_torch, beta_tensor, row_item_blocks
 from diffrank.operators.base import fold_vmapped
 
 
@@ -102,12 +102,6 @@ def _neuralsort_bwd(p_ptr, g_ptr, dot_ptr, ds_ptr, da_ptr, beta_ptr, n, k, BLOCK
     tl.store(da_ptr + b * n + offs, -dsum * beta, mask=mask)
 
 
-def _blocks(n: int) -> tuple[int, int]:
-    """(BLOCK of the row programs, BLOCK of the item programs) for rows of n items."""
-    block = block_size(n)
-    return block, min(block, 256)  # narrower item blocks: more programs per sample in the backward
-
-
 class _NeuralSortRows(torch.autograd.Function):
     twice_differentiable = True  # the recorded backward is PyTorch operations (read by diffrank.losses.newton)
 
@@ -116,7 +110,7 @@ class _NeuralSortRows(torch.autograd.Function):
         s, a = scores.contiguous(), row_sums.contiguous()
         B, n = s.shape
         p = torch.empty(B, k, n, dtype=s.dtype, device=s.device)
-        _neuralsort_fwd[(B * k,)](s, a, p, beta_tensor(beta, s.dtype, s.device), n, k, BLOCK=_blocks(n)[0],
+        _neuralsort_fwd[(B * k,)](s, a, p, beta_tensor(beta, s.dtype, s.device), n, k, BLOCK=row_item_blocks(n)[0],
                                   ACC=acc(s.dtype))
         return p
 
@@ -148,7 +142,7 @@ class _NeuralSortRows(torch.autograd.Function):
         dot = torch.empty(B * k, dtype=acc_dtype, device=p.device)
         ds = torch.empty(B, n, dtype=acc_dtype, device=p.device)
         da = torch.empty(B, n, dtype=acc_dtype, device=p.device)
-        block, item_block = _blocks(n)
+        block, item_block = row_item_blocks(n)
         _row_dot[(B * k,)](p, g, dot, n, BLOCK=block, ACC=acc(p.dtype))
         _neuralsort_bwd[(B, triton.cdiv(n, item_block))](p, g, dot, ds, da, beta_t, n, k, BLOCK=item_block,
                                                          ACC=acc(p.dtype))

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from diffrank.kernels._common import acc, acc_torch, beta_tensor, block_size
+from diffrank.kernels._common import acc, acc_torch, beta_tensor, row_item_blocks
 from diffrank.operators.base import fold_vmapped
 
 
@@ -101,12 +101,6 @@ def _softsort_bwd_items(s_ptr, t_ptr, p_ptr, g_ptr, beta_ptr, dot_ptr, ds_ptr, n
     tl.store(ds_ptr + b * n + offs, -beta * ds, mask=mask)
 
 
-def _blocks(n: int) -> tuple[int, int]:
-    """(BLOCK of the row programs, BLOCK of the item programs) for rows of n items."""
-    block = block_size(n)
-    return block, min(block, 256)  # narrower item blocks: more programs per sample in the backward
-
-
 class _SoftSortRows(torch.autograd.Function):
     twice_differentiable = True  # the recorded backward is PyTorch operations (read by diffrank.losses.newton)
 
@@ -116,7 +110,7 @@ class _SoftSortRows(torch.autograd.Function):
         B, n = s.shape
         k = t.shape[1]
         p = torch.empty(B, k, n, dtype=scores.dtype, device=scores.device)
-        _softsort_fwd[(B * k,)](s, t, p, beta_tensor(beta, s.dtype, s.device), n, k, BLOCK=_blocks(n)[0],
+        _softsort_fwd[(B * k,)](s, t, p, beta_tensor(beta, s.dtype, s.device), n, k, BLOCK=row_item_blocks(n)[0],
                                 ACC=acc(s.dtype))
         return p
 
@@ -147,7 +141,7 @@ class _SoftSortRows(torch.autograd.Function):
         dot = torch.empty(B * k, dtype=acc_dtype, device=s.device)
         dt = torch.empty(B, k, dtype=acc_dtype, device=s.device)
         ds = torch.empty(B, n, dtype=acc_dtype, device=s.device)
-        block, item_block = _blocks(n)
+        block, item_block = row_item_blocks(n)
         _softsort_bwd_rows[(B * k,)](s, t, p, g, beta_t, dot, dt, n, k, BLOCK=block, ACC=acc(s.dtype))
         _softsort_bwd_items[(B, triton.cdiv(n, item_block))](s, t, p, g, beta_t, dot, ds, n, k, BLOCK=item_block,
                                                              ACC=acc(s.dtype))
