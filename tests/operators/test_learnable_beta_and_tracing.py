@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from diffrank import functional as F
-from diffrank.operators import NeuralSort, SinkhornSort, SoftSort, load
+from diffrank.operators import NeuralSort, SinkhornSort, SoftSort, available, load
 
 MAKERS = {
     "neuralsort": NeuralSort,
@@ -58,11 +58,23 @@ def test_functional_beta_tensor_without_grad_is_a_float_and_cached():
     assert ("neuralsort", (("beta", 2.0),)) in F._CACHE
 
 
-@pytest.mark.parametrize("method", ["fast_soft_sort", "diffsort_odd_even"])
-def test_a_method_that_cannot_learn_beta_refuses_it(method):
-    beta = torch.tensor(2.0, requires_grad=True)
-    with pytest.raises(ValueError, match="cannot learn beta"):
-        F.soft_rank(_scores(2, 5), method=method, beta=beta)
+@pytest.mark.parametrize("method", available())
+def test_a_tensor_beta_is_learned_or_refused(method):
+    """Every config: an operator whose class declares ``learnable_beta`` fills ``beta.grad`` through
+    :mod:`diffrank.functional`; any other refuses the tensor at construction (never a silently detached β)."""
+    op = load(method)
+    beta = torch.tensor(float(op.beta), dtype=torch.float64, requires_grad=True)
+    x = _scores(2, 5) * (2.0 / float(op.beta))
+    if "topk_membership" in op.capabilities:
+        f = lambda: F.topk_membership(x, 2, method=method, beta=beta)  # noqa: E731
+    else:
+        f = lambda: F.soft_rank(x, method=method, beta=beta)  # noqa: E731
+    if not type(op).learnable_beta:
+        with pytest.raises(ValueError, match="cannot learn beta"):
+            f()
+        return
+    f().mul(_scores(2, 5)).sum().backward()
+    assert beta.grad is not None and torch.isfinite(beta.grad)
 
 
 def test_parameter_beta_is_registered_and_shown():
