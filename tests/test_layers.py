@@ -50,11 +50,6 @@ FORBIDDEN = {
     "records": ("run", "analysis", "rows", "tools"),
     "analysis": ("run",),
 }
-# The one exception, lazy and optional: with a W&B logger, a job logs its own row of the paper comparison
-# (run/loggers.py: paper_comparison) through the report's matcher. The matcher of one record against its reference
-# row belongs below both (records/, next to RunRecord's paper cell) once the report reads RunRecords (issue 36,
-# "one record path"); then this entry goes.
-ALLOWED = {("run/loggers.py", "diffrank.experiments.analysis.report")}
 CONCERN_FILES = sorted((concern, p) for concern in FORBIDDEN for p in (EXPERIMENTS / concern).rglob("*.py"))
 
 
@@ -75,8 +70,7 @@ def test_concern_files_found():
                          ids=lambda x: x.relative_to(ROOT).as_posix() if hasattr(x, "relative_to") else x)
 def test_concerns_import_downward_only(concern, path):
     rel = path.relative_to(EXPERIMENTS).as_posix()
-    bad = sorted({m for m in _imports(path) if _concern_of(m) in FORBIDDEN[concern]
-                  and not any(rel == f and (m == mod or m.startswith(mod + ".")) for f, mod in ALLOWED)})
+    bad = sorted({m for m in _imports(path) if _concern_of(m) in FORBIDDEN[concern]})
     assert not bad, f"{rel} imports {bad}: {concern}/ must not import {', '.join(FORBIDDEN[concern])}"
 
 

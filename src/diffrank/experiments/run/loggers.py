@@ -125,7 +125,7 @@ def wandb_tags(cfg: Any, choices: dict[str, Any], extra: list[str] | None = None
 
 
 def paper_comparison(record: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[list[str]]]:
-    """The run's rows of the paper comparison (:func:`diffrank.experiments.analysis.report.collect_runs` on its own
+    """The run's rows of the paper comparison (:func:`diffrank.experiments.records.paper_rows.collect_runs` on its own
     record).
 
     Returns:
@@ -134,7 +134,7 @@ def paper_comparison(record: dict[str, Any]) -> tuple[dict[str, Any], list[str],
         ``header`` / ``cells`` are the table that ``compare_to_paper`` prints. All empty for a run without a
         ``paper`` key (or one that matches no reference row).
     """
-    from diffrank.experiments.analysis.report import collect_runs, table_rows
+    from diffrank.experiments.records.paper_rows import collect_runs, table_rows
     from diffrank.experiments.records.record import RECORD_FILE, RunRecord
 
     rec = RunRecord.from_dict(record)

@@ -1,0 +1,359 @@
+"""The match of run records to the papers' tables: which reference row (:mod:`diffrank.reference`) a record
+belongs to (:attr:`~diffrank.experiments.records.record.RunRecord.table_row`), which runs pool as seeds of one row,
+paper / ours / Δ per row, Welch's test against a Regular row, and the rows as printed cells.
+
+It sits with the records (below both the run and the analysis): a run logs its own row of the comparison at its end
+(:func:`diffrank.experiments.run.loggers.paper_comparison`), and :mod:`diffrank.experiments.analysis.report` renders
+every row of every table afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from diffrank import reference
+from diffrank.experiments.records.archive import find_records
+from diffrank.experiments.records.record import RunRecord
+
+# the columns that identify a reference row to a reader; shown when they vary inside a table
+SIGNIFICANCE = 0.05  # thesis §7.5.1: "significance tests (significance level 0.05)"
+LABEL_COLUMNS = ("dataset", "model", "method", "operator", "sigmoid", "network", "n", "pk", "m", "setting")
+
+
+def _key(paper: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((str(k), reference._norm(v)) for k, v in paper.items()))
+
+
+def is_fraction(row: dict[str, str]) -> bool:
+    """Whether a reference row is printed as a fraction (its ``note`` says ``fraction`` and not ``x100``): our
+    value is then shown as a fraction too, else in %."""
+    note = row.get("note", "").lower()
+    return "fraction" in note and "x100" not in note and "×100" not in note
+
+
+def collect(paths: Iterable[str | Path], metric_prefix: str = "test/") -> dict[str, Any]:
+    """Match every run record under ``paths`` (``results.json`` files, folders searched recursively, and run
+    archives: :func:`diffrank.experiments.records.archive.find_records`) to the reference rows (:func:`collect_runs` on
+    the records, copied baselines included).
+
+    Returns:
+        ``{"tables": {(paper, table): [line, ...]}, "unmatched": [(path, paper_key)], "skipped": int,
+        "runs": int}``; a line is a dict with the reference row, ``ours`` (list of values in the row's
+        unit), ``mean``, ``std`` (None for one run), ``delta``, ``runs``, ``budget`` and ``run_dirs``.
+
+    Raises:
+        FileNotFoundError: a path that does not exist.
+        ValueError: a malformed run archive.
+    """
+    return collect_runs(find_records(paths), metric_prefix, copies=True)
+
+
+def collect_runs(records: Iterable[tuple[str | Path, RunRecord]], metric_prefix: str = "test/",
+                 copies: bool = False) -> dict[str, Any]:
+    """Match run records to the reference rows (what :func:`collect` does after reading the files; a finishing
+    run calls it on its own record to log the comparison to W&B).
+
+    Runs are pooled (as seeds) when they share the reference row (:attr:`RunRecord.table_row`), the data
+    (:attr:`~RunRecord.data_kind`: generated or swapped-in data never pools with the row's), the budget
+    (:attr:`~RunRecord.budget`: a short check of a row is not one of its seeds), the Newton loss's λ
+    (:attr:`~RunRecord.tikhonov`) and the kind of device (:attr:`~RunRecord.device_kind`: a seed run on two devices
+    is one seed twice, same initialisation and data order).
+
+    Args:
+        records: ``(path of the results.json, record)`` pairs.
+        metric_prefix: our metric for a reference metric ``M`` is ``<prefix><m>``, m = M lower-cased.
+        copies: also show the tables that reprint a matched row (:func:`copy_lines`; the report does, a run's own
+            W&B comparison does not).
+
+    Returns:
+        The same dict as :func:`collect`; a copied row's line has ``copy_of`` (``"<paper> Table <table>"``).
+    """
+    groups: dict[tuple, list[tuple[Path, RunRecord]]] = defaultdict(list)
+    unmatched, skipped, runs = [], 0, 0
+    for path, rec in records:
+        row = rec.table_row
+        if row is None:  # no paper key, an older variant run, or a benchmark cell (report_pk's)
+            skipped += 1
+            continue
+        runs += 1
+        groups[(_key(row), rec.data_kind, rec.budget, rec.tikhonov, rec.device_kind)].append((Path(path), rec))
+    tables: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for (key, data, budget, tikhonov, device), members in groups.items():
+        try:
+            rows = reference.match(dict(key))
+        except KeyError:
+            rows = []
+        if not rows:
+            unmatched.append((str(members[0][0]), dict(key)))
+            continue
+        members, selected = select_beta(members)
+        for row in rows:
+            name = metric_prefix + row["metric"].lower()
+            scale = 1.0 if is_fraction(row) else 100.0
+            ours = [scale * v for v in (_metric(path, r, name) for path, r in members) if v is not None]
+            try:
+                paper_value = float(row["value"])
+            except ValueError:
+                paper_value = math.nan
+            mean = statistics.fmean(ours) if ours else math.nan
+            tables[(row["paper"], row["table"])].append({
+                "row": row, "metric": row["metric"], "paper": paper_value, "ours": ours, "mean": mean,
+                "std": statistics.stdev(ours) if len(ours) > 1 else None,
+                "delta": mean - paper_value if ours else math.nan, "runs": len(ours),
+                "budget": budget, "tikhonov": tikhonov, "device": device,
+                "run_dirs": [str(p.parent) for p, _ in members], "selected": selected,
+                "data": data,
+            })
+    if copies:
+        for key, lines in copy_lines(tables).items():
+            tables[key].extend(lines)
+    for (paper, table), lines in tables.items():
+        lines.extend(_reference_only(paper, table, lines))
+    for lines in tables.values():
+        lines.sort(key=lambda ln: tuple(_sort_value(ln["row"].get(c, "")) for c in (*LABEL_COLUMNS, "metric")))
+        significance(lines)
+    return {"tables": dict(sorted(tables.items())), "unmatched": unmatched, "skipped": skipped, "runs": runs}
+
+
+def _baseline(line: dict[str, Any], baselines: list[dict[str, Any]],
+              regular_operators: frozenset[str] = frozenset()) -> dict[str, Any] | None:
+    """The one "Regular" line of the same cell as ``line``: equal labels but the method (Table 7.3: the
+    operator is the cell's), else, when ``line``'s operator is none of ``regular_operators`` (those of the
+    table's published Regular rows), equal labels but method and operator (Table 7.1: the operator column names
+    the Newton loss); same metric, budget, data and device. A Table 7.3 / 7.5 line whose own operator's Regular
+    was not run has no baseline (never another operator's Regular)."""
+    operator_is_the_cell = line["row"].get("operator", "") in regular_operators
+    for ignored in (("method",),) if operator_is_the_cell else (("method",), ("method", "operator")):
+        def cell(ln: dict[str, Any], ignored: tuple[str, ...] = ignored) -> tuple:
+            """A line's cell key without the ``ignored`` label columns."""
+            return (*(ln["row"].get(c, "") for c in LABEL_COLUMNS if c not in ignored), ln["metric"], ln["budget"],
+                    ln.get("data", ""), ln.get("device", ""))
+        found = [b for b in baselines if cell(b) == cell(line)]
+        if len(found) == 1:
+            return found[0]
+    return None
+
+
+def significance(lines: list[dict[str, Any]], alpha: float = SIGNIFICANCE) -> None:
+    """Compare each method with Regular training of the same cell, as thesis ch. 7 does (Table 7.1: "significance
+    tests between regular training and the Newton methods", level 0.05), in place: a line with a "Regular" line
+    of the same cell gets ``vs_regular = {"paper": paper − Regular's paper value, "ours": our mean − Regular's
+    mean, "p": Welch's t-test p-value (scipy ``ttest_ind(equal_var=False)``; None below two runs on either side
+    or for equal constant samples), "significant": p < alpha}``. The thesis does not name its test; Welch's makes
+    no equal-variance assumption. Tables without "Regular" lines are left as they are."""
+    baselines = [ln for ln in lines if ln["row"].get("method") == "Regular"]
+    if not baselines:
+        return
+    from scipy.stats import ttest_ind
+
+    paper, table = baselines[0]["row"]["paper"], baselines[0]["row"]["table"]
+    regular_operators = frozenset(r["operator"] for r in reference.all_rows()
+                                  if r["paper"] == paper and r["table"] == table and r["method"] == "Regular")
+    for ln in lines:
+        base = None if any(ln is b for b in baselines) else _baseline(ln, baselines, regular_operators)
+        if base is None:
+            continue
+        p = None
+        if len(ln["ours"]) > 1 and len(base["ours"]) > 1:
+            value = float(ttest_ind(ln["ours"], base["ours"], equal_var=False).pvalue)
+            p = None if math.isnan(value) else value
+        ln["vs_regular"] = {"paper": ln["paper"] - base["paper"],
+                            "ours": ln["mean"] - base["mean"] if ln["ours"] and base["ours"] else math.nan,
+                            "p": p, "significant": p is not None and p < alpha}
+
+
+def _vs_regular(ln: dict[str, Any], digits: int) -> tuple[str, str]:
+    """The two report cells of :func:`significance`: paper − Regular, and ours − Regular with Welch's p; ``**``
+    marks a significant improvement (the thesis' black bold), ``(sig. worse)`` a significant loss."""
+    vs = ln.get("vs_regular")
+    if vs is None:
+        return "", ""
+    ours = fmt(vs["ours"], digits)
+    if ours != "—":
+        ours = ("+" if not ours.startswith("-") else "") + ours
+        if vs["p"] is not None:
+            mark = (" **" if vs["ours"] > 0 else " (sig. worse)") if vs["significant"] else ""
+            ours += f" (p={vs['p']:.2g}){mark}"
+    paper = fmt(vs["paper"], digits)
+    return ("+" if paper != "—" and not paper.startswith("-") else "") + paper, ours
+
+
+def _metric(path: str | Path, rec: RunRecord, name: str) -> float | None:
+    """``rec``'s metric ``name`` as a float; None when absent, or (with a warning naming the file) not a number."""
+    value = rec.metrics.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        print(f"warning: {path}: metric {name} = {value!r} is not a number; left out", file=sys.stderr)
+        return None
+    return float(value)
+
+
+def select_beta(members: list[tuple[Path, RunRecord]]) -> tuple[list[tuple[Path, RunRecord]], str | None]:
+    """The runs of one paper key at the selected temperature when they span several ``operator.beta``
+    (:attr:`RunRecord.beta`): the β whose runs have the best mean validation score (:attr:`RunRecord.val_score`;
+    NaN-free runs only; on ties the smaller β). One β (or none): all runs, no selection.
+
+    Returns:
+        ``(runs kept, "β=<value> (best val of <k> β)" or None)``.
+    """
+    betas = {r.beta for _, r in members}
+    if len(betas) < 2:
+        return members, None
+    scores = {}
+    for beta in betas:
+        vals = [r.val_score for _, r in members if r.beta == beta]
+        vals = [v for v in vals if not math.isnan(v)]
+        scores[beta] = statistics.fmean(vals) if vals else -math.inf
+    best = max(sorted(betas, key=lambda b: (b is None, b or 0.0)), key=lambda b: scores[b])
+    return [(p, r) for p, r in members if r.beta == best], f"β={best:g} (best val of {len(betas)} β)"
+
+
+def _ident(row: dict[str, str]) -> tuple[str, ...]:
+    return tuple(row.get(c, "") for c in reference.COLUMNS)
+
+
+def copy_lines(tables: dict[tuple[str, str], list[dict[str, Any]]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Lines for the copied reference rows (``copy_of=`` in ``setting``) of every table that has lines already or
+    whose originals have: each copy gets its original's runs (one line per group of the original: budget,
+    data), Δ against the copy's printed value, and ``copy_of``; a copy whose original has no runs, and the
+    table's own rows without runs, are shown with ours empty (the whole published table, ours beside it).
+
+    Args:
+        tables: :func:`collect_runs`' lines so far, ``{(paper, table): [line, ...]}`` (not modified).
+
+    Returns:
+        ``{(paper, table): [new line, ...]}`` for the copying tables to show.
+    """
+    originals: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
+    for lines in tables.values():
+        for ln in lines:
+            if ln["runs"] and not ln.get("copy_of"):
+                originals[_ident(ln["row"])].append(ln)
+    pairs: dict[tuple[str, str], list[tuple[dict[str, str], dict[str, str] | None]]] = defaultdict(list)
+    for row in reference.all_rows():
+        pairs[(row["paper"], row["table"])].append((row, reference.copy_source(row)))
+    pairs = {key: members for key, members in pairs.items() if any(src for _, src in members)}
+    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for key, members in pairs.items():
+        if key not in tables and not any(originals.get(_ident(src)) for _, src in members if src):
+            continue  # nothing of this table was run
+        shown = {_ident(ln["row"]) for ln in tables.get(key, [])}
+        new = []
+        for row, src in members:
+            if src is None:  # the table's own row: shown (ours empty) when no run of it is
+                if _ident(row) not in shown:
+                    new += _reference_only_line(row)
+                continue
+            try:
+                value = float(row["value"])
+            except ValueError:  # a cell lost in the text: shown as —
+                value = math.nan
+            label = f"{src['paper']} Table {src['table']}"
+            for orig in originals.get(_ident(src)) or [None]:
+                ours = list(orig["ours"]) if orig else []
+                mean = statistics.fmean(ours) if ours else math.nan
+                new.append({"row": row, "metric": row["metric"], "paper": value, "ours": ours, "mean": mean,
+                            "std": orig["std"] if orig else None, "delta": mean - value if ours else math.nan,
+                            "runs": len(ours), "budget": orig["budget"] if orig else "",
+                            "run_dirs": list(orig["run_dirs"]) if orig else [],
+                            "selected": orig["selected"] if orig else None,
+                            "data": orig.get("data", "") if orig else "", "copy_of": label,
+                            "device": orig.get("device", "") if orig else ""})
+        out[key] = new
+    return out
+
+
+def _reference_only_line(row: dict[str, str]) -> list[dict[str, Any]]:
+    try:
+        value = float(row["value"])
+    except ValueError:
+        value = math.nan
+    return [{"row": row, "metric": row["metric"], "paper": value, "ours": [], "mean": math.nan, "std": None,
+             "delta": math.nan, "runs": 0, "budget": "", "run_dirs": [], "selected": None}]
+
+
+def _reference_only(paper: str, table: str, lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Lines for the published rows of (paper, table) that no run can have (``method`` ``literature``)."""
+    shown = {tuple(ln["row"].get(c) for c in reference.COLUMNS) for ln in lines}
+    out = []
+    for row in reference.all_rows():
+        if row["paper"] == paper and row["table"] == table and row["method"] == "literature" \
+                and tuple(row.get(c) for c in reference.COLUMNS) not in shown:
+            try:
+                value = float(row["value"])
+            except ValueError:
+                value = math.nan
+            out.append({"row": row, "metric": row["metric"], "paper": value, "ours": [], "mean": math.nan,
+                        "std": None, "delta": math.nan, "runs": 0, "budget": "", "run_dirs": [], "selected": None})
+    return out
+
+
+def decimals(printed: str, minimum: int = 2) -> int:
+    """Decimals to print our number with: those of the published value (``"97.795"`` → 3), at least
+    ``minimum``."""
+    text = printed.strip()
+    return max(minimum, len(text.split(".", 1)[1]) if "." in text and text.replace(".", "", 1).lstrip("-").isdigit()
+               else 0)
+
+
+def _sort_value(v: str) -> tuple[int, float, str]:
+    try:
+        return (0, float(v), "")
+    except ValueError:
+        return (1, 0.0, v)
+
+
+def _label_columns(lines: list[dict[str, Any]]) -> list[str]:
+    """Columns worth showing: those that vary inside the table, plus method, operator and n."""
+    always = ("method", "operator", "n")
+    cols = [c for c in LABEL_COLUMNS if len({ln["row"].get(c, "") for ln in lines}) > 1 or c in always]
+    return [c for c in cols if any(ln["row"].get(c, "") for ln in lines)]
+
+
+def fmt(v: float | None, digits: int = 2) -> str:
+    """A number for the report (``—`` for None / NaN)."""
+    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
+
+
+def table_rows(lines: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Header and cells of one report table."""
+    cols = _label_columns(lines)
+    header = [*cols, "metric", "paper", "ours", "Δ", "runs", "steps×batch"]
+    newton = any(ln.get("tikhonov") for ln in lines)
+    if newton:  # Newton-loss runs (thesis ch. 7): their Tikhonov λ, not printed in the thesis
+        header.append("Newton λ")
+    devices = len({ln.get("device", "") for ln in lines if ln["runs"]}) > 1
+    if devices:
+        header.append("device")
+    other_data = any(ln.get("data") for ln in lines)
+    if other_data:  # say it on every row: a number on generated or swapped-in data is not a reproduction
+        header.insert(len(cols), "data")
+    selected = any(ln.get("selected") for ln in lines)
+    if selected:
+        header.append("selected")
+    compared = any(ln.get("vs_regular") for ln in lines)
+    if compared:
+        header += ["paper − Regular", "ours − Regular (Welch p)"]
+    cells = []
+    for ln in lines:
+        digits = decimals(ln["row"]["value"])
+        ours = fmt(ln["mean"], digits) + ("" if ln["std"] is None else f" ± {fmt(ln['std'], digits)}")
+        delta = fmt(ln["delta"], digits)
+        if delta.startswith("-") and not delta.strip("-0."):  # a rounded-away negative is no difference
+            delta = delta[1:]
+        if delta != "—" and not delta.startswith("-"):
+            delta = "+" + delta
+        cells.append([*(ln["row"].get(c, "") for c in cols), *([ln.get("data") or "real"] if other_data else []),
+                      ln["metric"], ln["row"]["value"] or "—", ours, delta,
+                      str(ln["runs"]), ln["budget"], *([ln.get("tikhonov") or ""] if newton else []),
+                      *([ln.get("device", "")] if devices else []),
+                      *([ln.get("selected") or ""] if selected else []),
+                      *(_vs_regular(ln, digits) if compared else ())])
+    return header, cells
