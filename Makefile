@@ -18,6 +18,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.14.1 torchvision==0.29.1
 	$(BIN)/python -m pip install -q -e ".[experiments,embeddings,sweep,dev]"
+	# fast soft sort's and LapSum's CPU kernels compiled ahead of time (~25 s; without a C compiler numba's JIT serves)
+	-$(BIN)/python -m diffrank.operators._aot --build
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv (Python 3.11, torch 2.14.1) and install diffrank with the dev extra

@@ -505,3 +505,80 @@ def test_torch_compile_first_call_equals_eager():
     ref.sum().backward()
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(a.grad, b.grad)
+
+
+_AOT_SCRIPT = """
+import sys
+import torch
+from diffrank.operators import lapsum_cpu as cpu
+outs = []
+gen = torch.Generator().manual_seed(0)
+for dtype in (torch.float32, torch.float64):
+    # n = 10 (whole row sorted by quicksort), 300 with small k (sorted buffer) and k = 40 (partition), 3000 (radix)
+    for n, ks in ((10, [1.0, 2.5, 10.0]), (300, [3.0, 7.5]), (300, [40.0]), (3000, [5.0, 2000.0])):
+        s = torch.randn(4, n, dtype=dtype, generator=gen) * 3
+        for k in (ks, torch.rand(4, len(ks), dtype=torch.float64, generator=gen) * n):
+            p, state = cpu.topk_forward(s, k, 1.3)
+            g = torch.randn(p.shape, dtype=dtype, generator=gen)
+            outs += [p.clone(), *cpu.topk_backward(state, g, 1.3)]
+        outs.append(cpu.thresholds(s, 0.7, torch.rand(4, 3, dtype=dtype, generator=gen) * n))
+    try:
+        cpu.topk_forward(torch.tensor([[0.0, float("nan")]], dtype=dtype), [1.0], 1.0)
+    except ValueError:
+        outs.append(torch.ones(()))
+torch.save(outs, sys.argv[1])
+print("numba" in sys.modules)
+"""
+
+
+@pytest.mark.slow
+def test_ahead_of_time_module(tmp_path):
+    """``python -m diffrank.operators._aot --build`` writes a module for the CPU kernels that a fresh process loads
+    without importing numba, and whose values / gradients / thresholds / NaN test equal numba's JIT
+    (DIFFRANK_LAPSUM_AOT=0), on every path of the forward (quicksort, sorted buffer, partition, radix sort)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DIFFRANK_CACHE_DIR": str(tmp_path / "cache")}
+    subprocess.run([sys.executable, "-c", "from diffrank.operators.lapsum_cpu import KERNELS; KERNELS.build()"],
+                   env=env, check=True, capture_output=True, timeout=600)
+    script = tmp_path / "run.py"
+    script.write_text(_AOT_SCRIPT)
+    res = {}
+    for mode in ("auto", "0"):
+        out = tmp_path / f"{mode}.pt"
+        proc = subprocess.run([sys.executable, str(script), str(out)], env={**env, "DIFFRANK_LAPSUM_AOT": mode},
+                              check=True, capture_output=True, text=True, timeout=600)
+        assert proc.stdout.strip() == ("False" if mode == "auto" else "True")  # numba imported only by the JIT
+        res[mode] = torch.load(out)
+    assert len(res["auto"]) == len(res["0"]) == 2 * (4 * 2 * 3 + 4 + 1)
+    for a, b in zip(res["auto"], res["0"]):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_ahead_of_time_module_absent_or_broken(tmp_path, monkeypatch):
+    """Without a loadable ahead-of-time module (none in the cache directory, or a file that is no extension), the
+    kernels fall back to numba's JIT and compute the same top-k."""
+    from diffrank.operators import _aot, lapsum_cpu
+
+    monkeypatch.setenv("DIFFRANK_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("DIFFRANK_LAPSUM_AOT", raising=False)
+    s = _rand(3, 50, seed=4)
+    p_ref, state = lapsum_cpu.topk_forward(s, [2.0, 7.5], 1.1)
+    ks = lapsum_cpu.KERNELS
+    for broken in (False, True):
+        fresh = _aot.Kernels(ks.prefix, str(ks.source), ks.namespace, ks.exports, ks.helpers, ks.env)
+        assert fresh.path().parent == tmp_path / "aot"
+        if broken:
+            fresh.path().parent.mkdir(parents=True, exist_ok=True)
+            fresh.path().write_bytes(b"not a shared object")
+        fwd = fresh("_topk_forward_rows", "f8")
+        assert hasattr(fwd, "py_func")  # numba's dispatcher
+        s_np, kn, t, p = state
+        t2, p2 = t.copy(), p.copy()
+        assert fwd(s_np, kn, 1.1, t2, p2)
+        torch.testing.assert_close(torch.from_numpy(p2), p_ref, rtol=0, atol=0)
+    monkeypatch.setenv("DIFFRANK_LAPSUM_AOT", "0")
+    assert _aot.Kernels(ks.prefix, str(ks.source), ks.namespace, ks.exports, ks.helpers, ks.env)._load() is None

@@ -17,30 +17,26 @@ authors' ``_partition`` tolerance. At a kink (two blocks with equal values: inte
 ties) the projection has no derivative; this picks the one-sided Jacobian of the pooled block, so that e.g.
 torchsort's README Spearman example gets a non-zero gradient.
 
-Two ways to run the same kernels (``python -m diffrank.operators.fast_soft_sort_cpu --build`` builds the first):
+Two ways to run the same kernels (:mod:`diffrank.operators._aot`; ``python -m diffrank.operators._aot --build``, or
+``python -m diffrank.operators.fast_soft_sort_cpu --build`` for this file alone, builds the first):
 
-- **compiled ahead** (numba's ``pycc``) into a plain extension module in ``$DIFFRANK_CACHE_DIR/aot`` (default
-  ``~/.cache/diffrank/aot``), keyed by this file's hash and the Python / numpy / platform versions. It
-  imports without numba: a fresh process's first call costs milliseconds, where numba's cached JIT still spends
-  about a second in ``import numba`` and in loading its typing registries (measured: 0.05 s vs 1.9 s, 2-core
-  machine under load). Built by the command above (about 8 s of CPU, once per machine and kernel version; it
-  needs a C compiler), or on first use with ``DIFFRANK_FSS_AOT=build``; ``DIFFRANK_FSS_AOT=0`` ignores it.
-- otherwise **numba's JIT** with ``cache=True`` (numba itself falls back to its user-wide cache directory when
-  the package folder is read-only; ``NUMBA_CACHE_DIR`` overrides it).
+- **compiled ahead** (numba's ``pycc``) into a plain extension module in ``$DIFFRANK_CACHE_DIR/aot``, loaded without
+  numba: a fresh process's first call costs milliseconds where numba's cached JIT spends about a second in
+  ``import numba`` and in loading its typing registries (measured: 0.05 s vs 1.9 s, 2-core machine under load).
+  The build takes about 8 s of CPU; ``DIFFRANK_FSS_AOT=build`` builds on first use, ``DIFFRANK_FSS_AOT=0`` ignores
+  the module.
+- otherwise **numba's JIT** with ``cache=True``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.machinery
-import importlib.util
 import math
-import os
-import sys
-import sysconfig
 from pathlib import Path
 
 import numpy as np
+import torch
+
+from diffrank.operators._aot import Kernels
 
 TOL = 1e-9  # the authors' partition tolerance (fast_soft_sort.numpy_ops._partition; torchsort's partition())
 
@@ -202,84 +198,27 @@ def project_bwd(g, z, scale, order, w, worder, wrev, bid, kl, need_z, need_w, gz
             a = e
 
 
-def _signatures(dtype: str) -> dict[str, str]:
-    """The pycc signatures of the two kernels for one float dtype (``"f4"`` / ``"f8"``): C-contiguous 2-D arrays."""
-    f, i = f"{dtype}[:, ::1]", "i8[:, ::1]"
-    return {"project_fwd": f"void({f}, f8, {i}, {f}, {i}, b1, b1, {f}, {i})",
-            "project_bwd": f"void({f}, {f}, f8, {i}, {f}, {i}, b1, {i}, b1, b1, b1, {f}, {f})"}
+def _signatures() -> dict[str, dict[str, str]]:
+    """The pycc signatures of the two kernels by float dtype code (``"f4"`` / ``"f8"``): C-contiguous 2-D arrays."""
+    out = {"project_fwd": {}, "project_bwd": {}}
+    for code in ("f4", "f8"):
+        f, i = f"{code}[:, ::1]", "i8[:, ::1]"
+        out["project_fwd"][code] = f"void({f}, f8, {i}, {f}, {i}, b1, b1, {f}, {i})"
+        out["project_bwd"][code] = f"void({f}, {f}, f8, {i}, {f}, {i}, b1, {i}, b1, b1, b1, {f}, {f})"
+    return out
 
 
-def _aot_name() -> str:
-    """The compiled module's name: this file's hash and the versions its binary depends on."""
-    key = b"|".join([Path(__file__).read_bytes(), sys.version.encode(), np.__version__.encode(),
-                     sysconfig.get_platform().encode()])
-    return "_diffrank_fss_" + hashlib.sha256(key).hexdigest()[:16]
+_DTYPE_CODES = {torch.float32: "f4", torch.float64: "f8"}
 
-
-def cache_dir() -> Path:
-    """Where the ahead-of-time module lives: ``$DIFFRANK_CACHE_DIR/aot`` (default ``~/.cache/diffrank/aot``)."""
-    root = os.environ.get("DIFFRANK_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "diffrank")
-    return Path(root) / "aot"
-
-
-def _aot_path() -> Path:
-    return cache_dir() / (_aot_name() + importlib.machinery.EXTENSION_SUFFIXES[0])
+#: the kernels, ahead of time or by numba's JIT (:class:`diffrank.operators._aot.Kernels`; switch DIFFRANK_FSS_AOT)
+KERNELS = Kernels("_diffrank_fss", __file__, globals(), _signatures(),
+                  helpers=(), env="DIFFRANK_FSS_AOT")
 
 
 def build_aot() -> Path:
-    """Compile both kernels ahead of time (float32 and float64) into :func:`cache_dir`; returns the module's path.
-
-    Takes seconds (numba's ``pycc``, then the C compiler); the module is written under a temporary name and moved
-    into place, so that a process loading it meanwhile never sees half a file.
-
-    Raises:
-        Whatever ``numba.pycc`` raises when it cannot compile (e.g. no C compiler).
-    """
-    import shutil
-    import tempfile
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # pycc's pending-deprecation notice
-        from numba.pycc import CC
-
-        target = _aot_path()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=target.parent))
-        try:
-            cc = CC(target.name.split(".")[0])
-            cc.output_dir = str(tmp)
-            for dtype in ("f4", "f8"):
-                for name, sig in _signatures(dtype).items():
-                    cc.export(f"{name}_{dtype}", sig)(globals()[name])
-            cc.compile()
-            os.replace(tmp / target.name, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
-def _load_aot():
-    """The ahead-of-time module, or None (not built, disabled by ``DIFFRANK_FSS_AOT=0``, or unloadable);
-    ``DIFFRANK_FSS_AOT=build`` builds it first when it is missing."""
-    mode = os.environ.get("DIFFRANK_FSS_AOT", "auto")
-    if mode == "0":
-        return None
-    path = _aot_path()
-    if not path.exists() and mode == "build":
-        build_aot()
-    if not path.exists():
-        return None
-    spec = importlib.util.spec_from_file_location(path.name.split(".")[0], path)
-    try:
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    except ImportError:  # e.g. built against another numpy ABI under the same name: the JIT serves
-        return None
-    return mod
-
-
-_KERNELS: dict | None = None
+    """Compile both kernels ahead of time (float32 and float64) into :func:`diffrank.operators._aot.cache_dir`;
+    returns the module's path (:meth:`diffrank.operators._aot.Kernels.build`, which lists what it raises)."""
+    return KERNELS.build()
 
 
 def kernel(name: str, dtype) -> object:
@@ -287,31 +226,14 @@ def kernel(name: str, dtype) -> object:
 
     Ahead-of-time when :func:`build_aot` has run on this machine, else numba's JIT (``cache=True``); resolved once
     per process.
+
+    Raises:
+        KeyError: another dtype.
     """
-    global _KERNELS
-    if _KERNELS is None:
-        import torch
-
-        mod = _load_aot()
-        if mod is not None:
-            table = {(n, dt): getattr(mod, f"{n}_{code}") for n in ("project_fwd", "project_bwd")
-                     for dt, code in ((torch.float32, "f4"), (torch.float64, "f8"))}
-        else:
-            import numba
-
-            jit = {n: numba.njit(cache=True, nogil=True)(globals()[n]) for n in ("project_fwd", "project_bwd")}
-            table = {(n, dt): jit[n] for n in jit for dt in (torch.float32, torch.float64)}
-        _KERNELS = table
-    return _KERNELS[name, dtype]
+    return KERNELS(name, _DTYPE_CODES[dtype])
 
 
-if __name__ == "__main__":
-    import argparse
+if __name__ == "__main__":  # this file's module alone (python -m diffrank.operators._aot --build builds them all)
+    from diffrank.operators._aot import main
 
-    parser = argparse.ArgumentParser(description="Compile the fast soft sort kernels ahead of time (numba pycc).")
-    parser.add_argument("--build", action="store_true", help="build the module into the cache directory")
-    args = parser.parse_args()
-    if args.build:
-        print(build_aot())
-    else:
-        print(f"{_aot_path()} ({'present' if _aot_path().exists() else 'not built'})")
+    main(modules=("diffrank.operators.fast_soft_sort_cpu",))

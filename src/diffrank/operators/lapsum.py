@@ -382,7 +382,8 @@ class _LapSumTopKNumba(torch.autograd.Function):
 
 
 def _lapsum_cpu():
-    """:mod:`diffrank.operators.lapsum_cpu`, imported on first use (numba)."""
+    """:mod:`diffrank.operators.lapsum_cpu`, imported on first use (its kernels load the ahead-of-time module or
+    numba)."""
     global _CPU
     if _CPU is None:
         from diffrank.operators import lapsum_cpu

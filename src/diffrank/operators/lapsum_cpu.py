@@ -17,7 +17,12 @@ numba's quicksort, or from n = 2048 on a radix sort, 2.5x faster than ``numpy.so
   The PyTorch path runs ~20 tensor operations (each a dispatch and an allocation) where these make one call;
   at n = 10³ that overhead was most of the time (docs/lapsum_figures.md).
 
-Imported lazily (numba) by :mod:`diffrank.operators.lapsum`.
+The kernels (the functions marked compiled) run compiled ahead of time by numba's ``pycc`` when
+``python -m diffrank.operators._aot --build`` has run on this machine (:mod:`diffrank.operators._aot`; switch
+``DIFFRANK_LAPSUM_AOT=build|0``), else by numba's JIT (``cache=True``). A fresh process's first top-k (forward and
+backward) then skips ``import numba`` and numba's cache loading: measured in the module's commit message.
+
+Imported lazily by :mod:`diffrank.operators.lapsum`.
 """
 
 from __future__ import annotations
@@ -25,17 +30,16 @@ from __future__ import annotations
 import functools
 import math
 
-import numba
 import numpy as np
 import torch
 from torch import Tensor
 
+from diffrank.operators._aot import Kernels
 from diffrank.operators.base import non_finite_error
 
 _TINY = float(np.finfo(np.float64).tiny)
 
 
-@numba.njit(cache=True, nogil=True)
 def _knot_sums(s_asc, beta, big_a, big_b, knots, rest=0.0):  # pragma: no cover - compiled
     """A_i, B_i and the knot values Lap(u_i) = i + ½ + ½(A_i - B_i) of one row (u = -β s, s_asc ascending).
 
@@ -56,7 +60,6 @@ def _knot_sums(s_asc, beta, big_a, big_b, knots, rest=0.0):  # pragma: no cover 
         knots[i] = i + 0.5 + 0.5 * (big_a[i] - big_b[i])
 
 
-@numba.njit(cache=True, nogil=True)
 def _threshold(s_asc, beta, wv, big_a, big_b, knots):  # pragma: no cover - compiled
     """t with Σ_j F(t - u_j) = wv for one row (after :func:`_knot_sums`); wv >= n gives +inf."""
     n = s_asc.shape[0]
@@ -89,7 +92,6 @@ def _threshold(s_asc, beta, wv, big_a, big_b, knots):  # pragma: no cover - comp
     return u_hi + log_z - la_hi if e > 0 else u_lo - log_z + lb_lo
 
 
-@numba.njit(cache=True, nogil=True)
 def _thresholds_rows(s_asc, beta, w, t):  # pragma: no cover - compiled
     """t[b, m] with Σ_j F(t - u_j) = w[b, m], u = -β s sorted ascending (s_asc: each row ascending)."""
     B, n = s_asc.shape
@@ -103,7 +105,6 @@ def _thresholds_rows(s_asc, beta, w, t):  # pragma: no cover - compiled
 _RADIX_MIN_N = 2048  # from this n on, a radix sort beats numba's quicksort (and numpy's sort): 2.5x at n = 10⁵
 
 
-@numba.njit(cache=True, nogil=True)
 def _radix_sorted(a):  # pragma: no cover - compiled
     """``a`` (float64, finite, 1-D) sorted ascending: LSD radix sort, 8 passes of 8 bits over order-preserving
     integer keys (sign bit flipped for x >= 0, every bit for x < 0); a pass whose byte is the same in every key
@@ -145,7 +146,6 @@ def _radix_sorted(a):  # pragma: no cover - compiled
     return out
 
 
-@numba.njit(cache=True, nogil=True)
 def _sorted(a):  # pragma: no cover - compiled
     """``a`` (1-D, finite) sorted ascending, by quicksort below :data:`_RADIX_MIN_N`, by radix sort from there."""
     return np.sort(a) if a.shape[0] < _RADIX_MIN_N else _radix_sorted(a)
@@ -154,7 +154,6 @@ def _sorted(a):  # pragma: no cover - compiled
 _BUFFER_MAX_TOP = 64  # up to this many largest, one pass with a sorted buffer beats np.partition (a copy, a select)
 
 
-@numba.njit(cache=True, nogil=True)
 def _largest_sorted(a, m):  # pragma: no cover - compiled
     """The m largest values of ``a`` (1-D, m <= len(a)), ascending, float64: one pass keeping them in a sorted
     buffer (insertion; an item below the buffer's minimum, most of them, costs one comparison)."""
@@ -178,7 +177,6 @@ def _largest_sorted(a, m):  # pragma: no cover - compiled
     return out
 
 
-@numba.njit(cache=True, nogil=True)
 def _topk_forward_rows(s, k, beta, t, p):  # pragma: no cover - compiled
     """t[b, m] = Lap⁻¹(k[b, m]) and p[b, m, i] = F(t[b, m] + β s[b, i]); rows with k >= n are all ones.
     ``k``: ``(1 or B, M)``.
@@ -245,7 +243,6 @@ def _topk_forward_rows(s, k, beta, t, p):  # pragma: no cover - compiled
     return True
 
 
-@numba.njit(cache=True, nogil=True)
 def _topk_backward_rows(s, k, t, p, g, beta, grad_s, grad_k):  # pragma: no cover - compiled
     """The VJP of :func:`_topk_forward_rows` (rows with k >= n contribute nothing), see topk_backward;
     ``grad_k`` is ``(B, M)`` whatever the rows of ``k``.
@@ -281,6 +278,24 @@ def _topk_backward_rows(s, k, t, p, g, beta, grad_s, grad_k):  # pragma: no cove
             grad_k[b, m] = vpi
 
 
+def _signatures() -> dict[str, dict[str, str]]:
+    """The pycc signatures of the entry points, by dtype code of the scores (``"f4"`` / ``"f8"``; the thresholds
+    are float64 only): C-contiguous arrays, as the callers below pass them."""
+    out = {"_thresholds_rows": {"f8": "void(f8[:, ::1], f8, f8[:, ::1], f8[:, ::1])"},
+           "_topk_forward_rows": {}, "_topk_backward_rows": {}}
+    for f in ("f4", "f8"):
+        s2, s3 = f"{f}[:, ::1]", f"{f}[:, :, ::1]"
+        out["_topk_forward_rows"][f] = f"b1({s2}, f8[:, ::1], f8, f8[:, ::1], {s3})"
+        out["_topk_backward_rows"][f] = f"void({s2}, f8[:, ::1], f8[:, ::1], {s3}, {s3}, f8, {s2}, {s2})"
+    return out
+
+
+#: the kernels, ahead of time or by numba's JIT (:class:`diffrank.operators._aot.Kernels`)
+KERNELS = Kernels("_diffrank_lapsum", __file__, globals(), _signatures(),
+                  helpers=("_knot_sums", "_threshold", "_radix_sorted", "_sorted", "_largest_sorted"),
+                  env="DIFFRANK_LAPSUM_AOT")
+
+
 def _f64(x: Tensor) -> np.ndarray:
     """A C-contiguous float64 numpy view (or copy) of a CPU tensor."""
     if x.dtype != torch.float64:
@@ -304,7 +319,7 @@ def thresholds(scores: Tensor, beta: float, w: Tensor) -> Tensor:
     s_asc = np.sort(_f64(scores), axis=-1)
     wn = _f64(w)
     t = np.empty(wn.shape, np.float64)
-    _thresholds_rows(s_asc, float(beta), wn, t)
+    KERNELS("_thresholds_rows", "f8")(s_asc, float(beta), wn, t)
     return torch.from_numpy(t).to(scores.dtype)
 
 
@@ -351,7 +366,7 @@ def topk_forward(scores: Tensor, k: Tensor | list[float], beta: float) -> tuple[
     B, n = s.shape
     t = np.empty((B, kn.shape[1]), np.float64)
     p = np.empty((B, kn.shape[1], n), np.float64 if scores.dtype == torch.float64 else np.float32)
-    if not _topk_forward_rows(s, kn, beta, t, p):
+    if not KERNELS("_topk_forward_rows", f"f{s.itemsize}")(s, kn, float(beta), t, p):
         raise non_finite_error()
     return torch.from_numpy(p), (s, kn, t, p)
 
@@ -375,5 +390,6 @@ def topk_backward(state: tuple, grad_p: Tensor, beta: float) -> tuple[Tensor, Te
     grad_s = np.empty(s.shape, s.dtype)
     grad_k = np.empty(t.shape, s.dtype)
     g = _array(grad_p)  # autograd gives the output's dtype
-    _topk_backward_rows(s, kn, t, p, g if g.dtype == p.dtype else g.astype(p.dtype), beta, grad_s, grad_k)
+    KERNELS("_topk_backward_rows", f"f{s.itemsize}")(s, kn, t, p, g if g.dtype == p.dtype else g.astype(p.dtype),
+                                                       float(beta), grad_s, grad_k)
     return torch.from_numpy(grad_s), torch.from_numpy(grad_k)
