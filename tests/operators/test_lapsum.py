@@ -364,10 +364,13 @@ def test_cpu_numba_topk_checks_finite_scores_itself():
 
 def test_cpu_radix_sort_equals_numpy_sort():
     """The top-k kernel's radix sort (n >= 2048) and its selection of the m largest = numpy.sort: signs, ±0,
-    subnormals, the extremes, ties, and rows whose high bytes are all equal (skipped passes)."""
+    subnormals, the extremes, ties, and rows whose high bytes are all equal (skipped passes); numba's compiled code
+    (the ahead-of-time module compiles the same, test_ahead_of_time_module)."""
     import numpy as np
 
-    from diffrank.operators.lapsum_cpu import _largest_sorted, _radix_sorted
+    from diffrank.operators.lapsum_cpu import KERNELS
+
+    _radix_sorted, _largest_sorted = KERNELS.dispatcher("_radix_sorted"), KERNELS.dispatcher("_largest_sorted")
 
     rng = np.random.default_rng(0)
     special = np.array([0.0, -0.0, 5e-324, -5e-324, 2.2e-308, -2.2e-308, 1.7e308, -1.7e308, 1.0, -1.0, 1.0])

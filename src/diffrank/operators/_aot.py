@@ -75,6 +75,12 @@ class Kernels:
             if not hasattr(fn, "py_func"):  # not yet a dispatcher
                 self.namespace[name] = numba.njit(cache=True, nogil=True)(fn)
 
+    def dispatcher(self, name: str):
+        """numba's JIT dispatcher of the kernel ``name``, a helper included (which the module does not export):
+        for tests of a helper in compiled code."""
+        self._jit()
+        return self.namespace[name]
+
     def build(self) -> Path:
         """Compile the entry points (with the helpers they call) ahead of time into :func:`cache_dir`; returns the
         module's path.

@@ -20,7 +20,10 @@ numba's quicksort, or from n = 2048 on a radix sort, 2.5x faster than ``numpy.so
 The kernels (the functions marked compiled) run compiled ahead of time by numba's ``pycc`` when
 ``python -m diffrank.operators._aot --build`` has run on this machine (:mod:`diffrank.operators._aot`; switch
 ``DIFFRANK_LAPSUM_AOT=build|0``), else by numba's JIT (``cache=True``). A fresh process's first top-k (forward and
-backward) then skips ``import numba`` and numba's cache loading: measured in the module's commit message.
+backward) then skips ``import numba`` and numba's cache loading (measured, B = 8, n = 100, 2-core machine under
+load: 0.02 s vs 0.47 s with numba's cache warm, float32 and float64). The ahead-of-time code is no slower: at
+B = 64, n = 10⁴, k = 5 (one thread) forward 4.0 vs 6.7 ms, backward 1.9 vs 2.1 ms (numba's JIT code for the host
+CPU was the slower one here; with ``NUMBA_CPU_NAME=generic`` it takes 4.4 ms).
 
 Imported lazily by :mod:`diffrank.operators.lapsum`.
 """
