@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch.autograd import gradcheck, gradgradcheck
@@ -585,3 +586,16 @@ def test_ahead_of_time_module_absent_or_broken(tmp_path, monkeypatch):
         torch.testing.assert_close(torch.from_numpy(p2), p_ref, rtol=0, atol=0)
     monkeypatch.setenv("DIFFRANK_LAPSUM_AOT", "0")
     assert _aot.Kernels(ks.prefix, str(ks.source), ks.namespace, ks.exports, ks.helpers, ks.env)._load() is None
+
+
+def test_ahead_of_time_entry_points_refuse_non_contiguous_arrays():
+    """pycc's wrappers do not check layout: a Fortran-ordered array (an expanded k copied by ``np.array``) read as
+    C-contiguous gave garbage memberships; the loader's wrapper refuses it, and the ks are copied in C order."""
+    from diffrank.operators._aot import _c_contiguous_only
+    from diffrank.operators.lapsum_cpu import _ks_array
+
+    kernel = _c_contiguous_only(lambda *a: "ran", "k_f8")
+    assert kernel(np.zeros((2, 3)), 1.0) == "ran"
+    with pytest.raises(ValueError, match="k_f8: argument 0 is not C-contiguous"):
+        kernel(np.asfortranarray(np.zeros((2, 3))))
+    assert _ks_array(torch.tensor([[0.3, 2.5]]).expand(3, 2)).flags.c_contiguous

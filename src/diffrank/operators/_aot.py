@@ -140,11 +140,29 @@ class Kernels:
         if self._table is None:
             mod = self._load()
             if mod is not None:
-                self._table = {(n, s): getattr(mod, f"{n}_{s}") for n, sigs in self.exports.items() for s in sigs}
+                self._table = {(n, s): _c_contiguous_only(getattr(mod, f"{n}_{s}"), f"{n}_{s}")
+                               for n, sigs in self.exports.items() for s in sigs}
             else:
                 self._jit()
                 self._table = {(n, s): self.namespace[n] for n, sigs in self.exports.items() for s in sigs}
         return self._table[name, suffix]
+
+
+def _c_contiguous_only(kernel, name: str):
+    """``kernel`` (an ahead-of-time entry point) refusing arrays that are not C-contiguous: pycc's wrappers check only
+    item sizes and would read a Fortran-ordered or strided array as garbage, where numba's JIT dispatches on layout.
+
+    Raises:
+        ValueError: (when called) an array argument that is not C-contiguous, naming the kernel and the argument.
+    """
+    def call(*args):
+        for i, a in enumerate(args):
+            if isinstance(a, np.ndarray) and not a.flags.c_contiguous:
+                raise ValueError(f"{name}: argument {i} is not C-contiguous (strides {a.strides}); the ahead-of-time "
+                                 "kernels read every array as C-contiguous")
+        return kernel(*args)
+
+    return call
 
 
 def main(argv: list[str] | None = None, modules: tuple[str, ...] = KERNEL_MODULES) -> None:

@@ -330,7 +330,9 @@ def _ks_array(k: Tensor | list[float]) -> np.ndarray:
     """The ks as a float64 ``(1 or B, M)`` array of their own (a copy, never written): a list or an ``(M,)`` tensor
     gives one row for every set, a ``(B, M)`` tensor one per set."""
     if isinstance(k, Tensor):
-        return np.array(k.detach().to(torch.float64).numpy(), np.float64, ndmin=2)
+        # order="C": an expanded (M,) → (B, M) tensor has strides (0, 8), which np.array would copy in Fortran order,
+        # and the ahead-of-time kernels read every array as C-contiguous
+        return np.array(k.detach().to(torch.float64).numpy(), np.float64, ndmin=2, order="C")
     return _ks_list(tuple(k))
 
 
