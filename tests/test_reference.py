@@ -39,7 +39,7 @@ def test_bad_header_names_file(tmp_path):
 
 
 def test_bundled_tables_read_and_their_notes_name_no_outside_path():
-    """The notes (every cell) cite papers by name and section, never a file beside the repository (../shared)."""
+    """The notes (every cell) cite papers by name and section, never a file outside the repository."""
     rows = all_rows()
     assert rows
     outside = [(r["source_file"], k, v) for r in rows for k, v in r.items() if "../" in v or "shared/" in v]

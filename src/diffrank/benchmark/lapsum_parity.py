@@ -74,6 +74,7 @@ def run(args) -> list[tuple[str, list[dict]]]:
             v = torch.randn(B, n, generator=g).to(dtype)
 
             def ours(x=x, v=v):
+                """One forward + backward of our LapSum top-k on this cell (the timed call)."""
                 op.topk_membership(x, [k])[:, 0].backward(v)
 
             row = {"dtype": str(dtype).removeprefix("torch."), "B": B, "n": n, "k": k}
@@ -83,6 +84,7 @@ def run(args) -> list[tuple[str, list[dict]]]:
                 continue
 
             def theirs(x=x, v=v):
+                """One forward + backward of the official extension on this cell (the timed call)."""
                 official(x, k, 1.0).backward(v)
 
             t_ours, t_off = _interleaved([ours, theirs], min(2.0, args.max_seconds))

@@ -336,12 +336,14 @@ class _TopK(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
+        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
         scores, k, ctx.beta = inputs
         ctx.mark_non_differentiable(output[1])
         ctx.save_for_backward(scores, k, output[1])
 
     @staticmethod
     def vmap(info, in_dims, scores, k, beta):
+        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
         return _vmap_rows(_TopK, info, in_dims, scores, k, beta)
 
     @staticmethod
@@ -377,12 +379,14 @@ class _Rank(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
+        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
         scores, ctx.beta = inputs
         ctx.mark_non_differentiable(*output[1:])
         ctx.save_for_backward(scores, *output[1:])
 
     @staticmethod
     def vmap(info, in_dims, scores, beta):
+        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
         return _vmap_rows(_Rank, info, in_dims, scores, beta)
 
     @staticmethod
@@ -415,12 +419,14 @@ class _Inverse(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
+        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
         scores, _, ctx.beta = inputs
         ctx.mark_non_differentiable(*output[1:])
         ctx.save_for_backward(scores, *output)
 
     @staticmethod
     def vmap(info, in_dims, scores, w, beta):
+        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
         return _vmap_rows(_Inverse, info, in_dims, scores, w, beta)
 
     @staticmethod

@@ -116,12 +116,14 @@ class _NeuralSortRows(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
+        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
         scores, row_sums, _, ctx.beta = inputs
         ctx.dtypes = (scores.dtype, row_sums.dtype)
         ctx.save_for_backward(output)
 
     @staticmethod
     def vmap(info, in_dims, scores, row_sums, k, beta):
+        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
         size = info.batch_size
         p = _NeuralSortRows.apply(fold_vmapped(scores, in_dims[0], size), fold_vmapped(row_sums, in_dims[1], size),
                                   k, beta)

@@ -173,6 +173,7 @@ class _SoftTopKNewton(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
+        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
         scores, _, scale = inputs[:3]
         ctx.mark_non_differentiable(output[1])
         ctx.set_materialize_grads(False)
@@ -180,6 +181,7 @@ class _SoftTopKNewton(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, scores, ks, scale, max_iter, stats):
+        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
         from diffrank.operators._vmap import fold_vmap
 
         return fold_vmap(info, in_dims, _SoftTopKNewton.apply, (scores, ks, scale, max_iter, stats), rows=(0, 2))

@@ -116,11 +116,13 @@ class _SoftSortRows(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
+        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
         scores, top, ctx.beta = inputs
         ctx.save_for_backward(scores, top, output)
 
     @staticmethod
     def vmap(info, in_dims, scores, top, beta):
+        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
         size = info.batch_size
         p = _SoftSortRows.apply(fold_vmapped(scores, in_dims[0], size), fold_vmapped(top, in_dims[1], size), beta)
         return p.unflatten(0, (size, -1)), 0

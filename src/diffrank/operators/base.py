@@ -290,6 +290,7 @@ class _NoSecondDerivative(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
+        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
         ctx.message = inputs[0]
 
     @staticmethod

@@ -218,6 +218,7 @@ class _Projection(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
+        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
         z, w, kl, _, w_how, scale = inputs
         _, order, worder, bid = output
         ctx.mark_non_differentiable(order, worder, bid)
@@ -231,6 +232,7 @@ class _Projection(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, dz: Tensor | None, dw: Tensor | None, _kl, _z_how, _w_how, _scale):
+        """Forward-mode derivative (``torch.func.jvp``, ``jacfwd``, ``torch.func.hessian``)."""
         z, w, order, worder, bid = ctx.saved_tensors
         return _jvp_ops(dz, dw, z, w, order, _desc(worder, ctx.w_how), bid, ctx.kl, ctx.scale), None, None, None
 

@@ -285,11 +285,13 @@ class _LapSumInverse(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
+        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
         scores, _, ctx.beta = inputs
         ctx.save_for_backward(scores, output)
 
     @staticmethod
     def vmap(info, in_dims, scores, w, beta):
+        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
         return _vmap_rows(_LapSumInverse, info, in_dims, scores, w, beta)
 
     @staticmethod
@@ -324,6 +326,7 @@ class _LapSumTopK(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
+        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
         scores, k, ctx.beta = inputs
         ctx.mark_non_differentiable(output[1])
         ctx.set_materialize_grads(False)  # no zeros for t: only p has a gradient
@@ -331,6 +334,7 @@ class _LapSumTopK(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, scores, k, beta):
+        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
         return _vmap_rows(_LapSumTopK, info, in_dims, scores, k, beta)
 
     @staticmethod
@@ -411,6 +415,7 @@ class _LapSumRank(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
+        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
         scores, ctx.beta = inputs
         _, u, order, ab = output
         ctx.mark_non_differentiable(u, order, ab)
@@ -418,6 +423,7 @@ class _LapSumRank(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, scores, beta):
+        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
         return _vmap_rows(_LapSumRank, info, in_dims, scores, beta)
 
     @staticmethod

@@ -255,6 +255,7 @@ class _FusedSinkhorn(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
+        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
         cost, log_mu, log_nu, *_, info = inputs
         ctx.eps, ctx.runs = info.eps, info.runs
         ctx.shapes = (log_mu.shape, log_nu.shape)

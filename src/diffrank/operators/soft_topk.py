@@ -192,12 +192,14 @@ class _SoftTopKOT(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
+        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
         x, y, log_nu, eps, norm = inputs[:5]
         ctx.eps = eps
         ctx.save_for_backward(x, y, output, norm)
 
     @staticmethod
     def vmap(info, in_dims, x, y, log_nu, eps, norm, schedule, solver, stats):
+        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
         return fold_vmap(info, in_dims, _SoftTopKOT.apply, (x, y, log_nu, eps, norm, schedule, solver, stats),
                          rows=(0, 2, 4))
 

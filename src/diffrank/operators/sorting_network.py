@@ -210,6 +210,7 @@ class _Net(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
+        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
         x, net, beta, sigmoid, art_lambda, mode, y0 = inputs
         ctx.mark_non_differentiable(*output[1:])
         ctx.set_materialize_grads(False)  # no zero gradients for the intermediates
@@ -223,6 +224,7 @@ class _Net(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, x, net, beta, sigmoid, art_lambda, mode, y0):
+        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
         return fold_vmap(info, in_dims, _Net.apply, (x, net, beta, sigmoid, art_lambda, mode, y0), rows=(0, 6))
 
     @staticmethod

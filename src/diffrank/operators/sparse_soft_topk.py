@@ -314,6 +314,7 @@ class _PAVMask(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
+        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
         ctx.mark_non_differentiable(*output[1:])
         ctx.set_materialize_grads(False)
         ctx.cubic = inputs[2]
@@ -321,6 +322,7 @@ class _PAVMask(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, z, k, cubic):
+        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
         return fold_vmap(info, in_dims, _PAVMask.apply, (z, k, cubic))
 
     @staticmethod
@@ -419,12 +421,14 @@ class _DykstraMask(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
+        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
         ctx.mark_non_differentiable(*output[1:])
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(*output[1:])
 
     @staticmethod
     def vmap(info, in_dims, z, k, max_iter, tolerance):
+        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
         return fold_vmap(info, in_dims, _DykstraMask.apply, (z, k, max_iter, tolerance))
 
     @staticmethod
@@ -501,6 +505,7 @@ class _PAVMagnitude(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
+        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
         ctx.mark_non_differentiable(*output[1:])
         ctx.set_materialize_grads(False)
         ctx.cubic = inputs[2]
@@ -508,6 +513,7 @@ class _PAVMagnitude(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, z, k, cubic, lam):
+        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
         return fold_vmap(info, in_dims, _PAVMagnitude.apply, (z, k, cubic, lam))
 
     @staticmethod
