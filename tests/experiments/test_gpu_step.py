@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import traceback
 import warnings
 
 import pytest
@@ -131,17 +132,31 @@ def test_bad_labels_still_raise_clear_errors_with_deferred_checks():
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-def _count_syncs(fn) -> int:
-    """Synchronisations CUDA's debug mode reports while ``fn()`` runs (and the stream is drained after)."""
-    with warnings.catch_warnings(record=True) as caught:
+def _syncs(fn) -> list[str]:
+    """The synchronisations CUDA's debug mode reports while ``fn()`` runs, each as the Python stack that made it
+    (innermost frames last), so that a failing test says where a synchronisation comes from."""
+    stacks: list[str] = []
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message):  # called at the warning, in the thread that synchronised
+            # a synchronisation in the backward is reported at loss.backward() (autograd's device thread hands its
+            # warnings to the caller): the message names the operation
+            stacks.append(f"{str(message).strip()[:300]}\n" + "".join(traceback.format_stack(limit=12)[:-1]))
+
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = record  # restored by catch_warnings
         torch.cuda.set_sync_debug_mode("warn")
         try:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
-    return sum("synchroniz" in str(w.message) for w in caught)
+    return stacks
+
+
+def _where(stacks: list[str]) -> str:
+    return "\n".join(f"--- synchronisation {i + 1}:\n{s}" for i, s in enumerate(stacks))
 
 
 def _full_step(module, opt, batch):
@@ -166,8 +181,8 @@ def test_gpu_sorting_step_synchronises_at_most_once(name):
         for _ in range(3):  # warm-up: network construction, cuDNN autotuning, optimiser state
             _full_step(module, opt, batch)()
         torch.cuda.synchronize()
-        syncs = _count_syncs(_full_step(module, opt, batch))
-    assert syncs <= 1, f"{name}: {syncs} host synchronisations in one training step"
+        syncs = _syncs(_full_step(module, opt, batch))
+    assert len(syncs) <= 1, f"{name}: {len(syncs)} host synchronisations in one training step\n{_where(syncs)}"
 
 
 @pytest.mark.gpu
@@ -181,8 +196,9 @@ def test_gpu_classifier_step_synchronises_at_most_as_allowed():
         for _ in range(3):
             _full_step(module, opt, batch)()
         torch.cuda.synchronize()
-        syncs = _count_syncs(_full_step(module, opt, batch))
-    assert syncs <= _classifier_allowed(module), f"{syncs} host synchronisations in one classifier step"
+        syncs = _syncs(_full_step(module, opt, batch))
+    assert len(syncs) <= _classifier_allowed(module), \
+        f"{len(syncs)} host synchronisations in one classifier step\n{_where(syncs)}"
 
 
 @pytest.mark.gpu
