@@ -10,7 +10,8 @@ Objective per operator (what a loss needs, the same for the peer):
 - else ``topk_membership``: ``op.topk_membership(x, [k])`` -> ``(B, 1, n)``;
 - else ``soft_rank``: ``op.soft_rank(x)`` -> ``(B, n)`` (k does not apply: one row per n, B).
 Peers (skipped when not installed, or past the sizes they can build): difftopk ``NeuralSort`` / ``SoftSort`` /
-``DiffTopkNet``, diffsort ``DiffSortNet`` (full P, sliced to the top k rows), torchsort ``soft_rank``.
+``DiffTopkNet``, diffsort ``DiffSortNet`` (full P, sliced to the top k rows), torchsort ``soft_rank``, and the
+official LapSum extension (:mod:`diffrank.benchmark.lapsum_reference`, CPU or CUDA, when built).
 
 Columns: forward time, forward+backward time (``harness.measure``: CUDA events, >= 3 warm-up calls, median
 of >= 20 on CUDA; the wall-clock timer on the CPU), peak extra memory of forward+backward, and the roofline:
@@ -198,6 +199,15 @@ def peer(name: str, n: int, k: int | None, B: int, device: str, mem_limit: float
                                    distribution=getattr(op, "sigmoid", "cauchy"))
         # (B, item, ascending position) -> ours: rows = descending ranks (docs/conventions.md)
         return "diffsort", (lambda s: net(s)[1].flip(2).transpose(1, 2)[:, :k]), ""
+    if name == "lapsum":
+        from diffrank.benchmark.lapsum_reference import official_topk
+
+        f = official_topk(device=device)
+        if f is None:
+            return "lapsum-official", None, ("skip: the official extension is not built (python -m "
+                                             "diffrank.benchmark.lapsum_reference --build [--cuda])")
+        beta = load(name).beta
+        return "lapsum-official", (lambda s: f(s, k, beta).unsqueeze(1)), ""
     if name == "fast_soft_sort":
         if importlib.util.find_spec("torchsort") is None:
             return "torchsort", None, "skip: torchsort not installed"
