@@ -29,7 +29,7 @@ def test_dry_run_writes_every_file_and_table(dry_run):
     for name in ("environment.json", "gpu_check.md", "headline.csv", "headline.png", "table39.csv", "table39.png"):
         assert (out / name).stat().st_size > 0, name
     assert (out / "gpu_check.md").read_text() == md
-    rows = list(csv.DictReader(open(out / "headline.csv")))
+    rows = list(csv.DictReader((out / "headline.csv").read_text().splitlines()))
     assert {r["operator"] for r in rows if r["table"] == "grid"} == set(available())
     assert {r["operator"] for r in rows if r["table"] == "floor"} == {"torch.sort", "torch.topk"}
     for heading in ("Headline cell", "Table 3.9 sizes", "Training step and run"):
