@@ -33,7 +33,7 @@ from diffrank.losses.validation import accepts_checks
 from diffrank.operators import load
 
 _READS = ("item", "__bool__", "__float__", "__int__", "__index__", "tolist", "numpy", "cpu", "nonzero")
-# n = 5, β = 51π, Cauchy: the thesis Table 3.7 setting that scripts/gpu_check.sh trains
+# n = 5, β = 51π, Cauchy: the thesis Table 3.7 setting (the training rate of make gpu-check)
 SORT_OPS = {"diffsort_odd_even": {"beta": 160.2212253, "sigmoid": "cauchy"}, "neuralsort": {"beta": 1.0},
             "softsort": {"beta": 1.0}}
 
