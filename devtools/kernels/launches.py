@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from diffrank.kernels import lapsum, networks, neuralsort, sinkhorn, soft_topk, softsort
+from diffrank.kernels import fast_soft_sort, lapsum, networks, neuralsort, sinkhorn, soft_topk, softsort
 from diffrank.kernels._common import acc, row_item_blocks
 
 #: the score dtypes that reach the kernels on CUDA (half precision arrives as float32)
@@ -152,10 +152,11 @@ def auto_launches() -> list[Launch]:
     """Every compiled program ``backend="auto"`` can launch on CUDA, derived from the kernels' dispatch rules.
 
     Covers each kernel of ``kernels/`` (SoftSort, NeuralSort, LapSum, SOFT top-k, fused Sinkhorn, comparator
-    networks), forward and backward, for every dtype the operators pass on CUDA (:data:`SCORE_DTYPES`; the
-    networks: float32), every n from 1 to the largest the dispatcher sends (unbounded kernels: until every
-    block rule has reached its cap; Sinkhorn: :func:`diffrank.kernels.sinkhorn.fused_size`; networks:
-    :data:`diffrank.kernels.networks.MAX_N`) and every value of the other constexprs (modes, sigmoids, flags).
+    networks, fast soft sort's PAV), forward and backward, for every dtype the operators pass on CUDA
+    (:data:`SCORE_DTYPES`; the networks: float32), every n from 1 to the largest the dispatcher sends
+    (unbounded kernels: until every block rule has reached its cap; Sinkhorn:
+    :func:`diffrank.kernels.sinkhorn.fused_size`; networks: :data:`diffrank.kernels.networks.MAX_N`) and every
+    value of the other constexprs (modes, sigmoids, flags).
 
     Returns:
         Distinct :class:`Launch` es (by :meth:`Launch.key`), in a stable order.
@@ -165,7 +166,7 @@ def auto_launches() -> list[Launch]:
     """
     out: list[Launch] = []
     for dt in SCORE_DTYPES:
-        out += _softsort(dt) + _neuralsort(dt) + _lapsum(dt) + _soft_topk(dt) + _sinkhorn(dt)
+        out += _softsort(dt) + _neuralsort(dt) + _lapsum(dt) + _soft_topk(dt) + _sinkhorn(dt) + _fast_soft_sort(dt)
     out += _networks()
     seen, unique = set(), []
     for launch in out:
@@ -188,6 +189,35 @@ def _softsort(dt: torch.dtype) -> list[Launch]:
                                dict(BLOCK=block, ACC=ACC), 4, e, "backward"))
             out.append(_launch(softsort._softsort_bwd_items, dict(ptrs, ds_ptr=dt, n=n, k=k),
                                dict(BLOCK=item_block, ACC=ACC), 4, e, "backward"))
+    return out
+
+
+def _fast_soft_sort(dt: torch.dtype) -> list[Launch]:
+    """The PAV kernels: a row of z and of w each either shared by the batch (stride 0) or one per sample (stride n:
+    the soft rank shares w = ρ, the soft sort z = ρ/ε, B = 1 shares both, vmap and a learnable β batch both); kl,
+    l2, and l2 with w read reversed (the ascending soft sort; kl negates instead); the backward for each set of
+    needed gradients."""
+    out, i64, f64 = [], torch.int64, torch.float64
+    variants = ((False, False), (True, False), (False, True))  # (KL, WREV)
+    for block, ex in _examples(UNBOUNDED_N, fast_soft_sort.gather_block).items():
+        for n in ex.values():
+            for zs in (0, n):
+                for ws in (0, n):
+                    e = f"n={n} z_stride={zs} w_stride={ws}"
+                    for kl, wrev in variants:
+                        out.append(_launch(fast_soft_sort._fss_fwd,
+                                           dict(z_ptr=dt, order_ptr=i64, w_ptr=dt, worder_ptr=i64, scale_ptr=f64,
+                                                mu_ptr=dt, bid_ptr=i64, s_ptr=f64, ws_ptr=f64, acc1_ptr=f64,
+                                                acc2_ptr=f64, start_ptr=torch.int32, n=n, z_stride=zs, w_stride=ws),
+                                           dict(KL=kl, WREV=wrev, BLOCK=block), fast_soft_sort.NUM_WARPS, e,
+                                           "forward"))
+                        for need_z, need_w in ((True, False), (False, True), (True, True)):
+                            out.append(_launch(fast_soft_sort._fss_bwd,
+                                               dict(g_ptr=dt, z_ptr=dt, order_ptr=i64, w_ptr=dt, worder_ptr=i64,
+                                                    scale_ptr=f64, bid_ptr=i64, gz_ptr=dt, gw_ptr=dt, n=n,
+                                                    z_stride=zs, w_stride=ws),
+                                               dict(KL=kl, WREV=wrev, NEED_Z=need_z, NEED_W=need_w),
+                                               fast_soft_sort.NUM_WARPS, e, "backward"))
     return out
 
 

@@ -15,7 +15,7 @@ from diffrank.operators.sorting_network import ComparatorNetwork
 
 KERNELS = Path(__file__).resolve().parents[2] / "src" / "diffrank" / "kernels"
 OPERATORS = ["neuralsort", "softsort", "lapsum", "soft_topk", "sinkhorn", "diffsort_odd_even", "diffsort_bitonic",
-             "difftopk_bitonic", "difftopk_splitter"]
+             "difftopk_bitonic", "difftopk_splitter", "fast_soft_sort"]
 
 
 @pytest.fixture(scope="module")

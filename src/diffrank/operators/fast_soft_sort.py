@@ -9,8 +9,9 @@ Soft rank and soft sort are regularised projections onto the permutahedron P(w) 
 Both reduce to an isotonic regression solved by pool adjacent violators (paper Prop. 3): with σ
 sorting z descending and s = z_σ, v = argmin_{v_1 >= ... >= v_n} of ½‖v - (s - w)‖² (block value =
 mean of s - w) or of ⟨e^{s-v}, 1⟩ + ⟨e^w, v⟩ (block value = LSE(s_B) - LSE(w_B)); the projection is
-s - v, unsorted. O(n log n): one sort, then O(n) PAV (:mod:`diffrank.operators.fast_soft_sort_cpu`: one kernel
-call for the batch, compiled ahead of time or by numba's JIT).
+s - v, unsorted. O(n log n): one sort, then O(n) PAV, one kernel call for the batch: on the CPU
+:mod:`diffrank.operators.fast_soft_sort_cpu` (compiled ahead of time or by numba's JIT), on CUDA the Triton kernels
+of :mod:`diffrank.kernels.fast_soft_sort` (one program per row; ``backend``, see :class:`FastSoftSort`).
 
 diffrank orientation (descending, rank 1 = largest), with ρ = (n, n-1, ..., 1) and ε = 1/β the
 ``regularization_strength``:
@@ -30,8 +31,10 @@ differentiable tensor operations when a graph is recorded: exact second derivati
 Jacobian is piecewise constant; the softmax's curvature for kl), ``torch.func`` (``grad``, ``jacrev``, ``vmap``,
 ``jvp``) and ``torch.compile`` (the kernel is the custom op ``diffrank::fast_soft_sort_project``: dynamo does not
 trace it; graph breaks only where the base class validates). β may be a tensor that requires grad: it scales the
-projected point (βθ, ρβ), so autograd gives ∂/∂β. The PAV runs on the CPU (CUDA inputs are copied to the host and
-back).
+projected point (βθ, ρβ), so autograd gives ∂/∂β. With ``backend="auto"`` (default) CUDA inputs stay on the device
+(the Triton kernels, forward and backward; no host copy) and CPU inputs take the CPU kernels; ``backend="torch"``
+takes the CPU kernels everywhere (CUDA inputs are copied to the host and back), ``"triton"`` the Triton kernels
+everywhere (on the CPU under ``TRITON_INTERPRET=1``).
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ import torch
 from torch import Tensor
 
 from diffrank.operators import fast_soft_sort_cpu as _cpu
-from diffrank.operators.base import SOFT_RANK, SOFT_SORT, RankingOperator, constant
+from diffrank.operators.backend import check_backend, use_triton
+from diffrank.operators.base import SOFT_RANK, SOFT_SORT, RankingOperator, beta_repr, constant
 
 REGULARIZATIONS = ("l2", "kl")
 
@@ -68,15 +72,21 @@ def _desc(worder: Tensor, w_how: int) -> Tensor:
     return worder.flip(-1) if w_how == SORT_AS_NEGATED else worder
 
 
-def _project_impl(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int, scale: float,
+def _project_impl(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int, scale: float, triton: bool,
                   views: list | None = None) -> tuple[Tensor, ...]:
-    """(μ (B, n), order (like z), worder (like w), block (B, n)) of :class:`_Projection` through the CPU kernel;
-    ``z`` and ``w`` are (1 or B, n), a single row shared by the batch, read in the orders ``z_how`` / ``w_how``
+    """(μ (B, n), order (like z), worder (like w), block (B, n)) of :class:`_Projection` through the Triton kernel
+    on z's device (``triton``: :func:`diffrank.kernels.fast_soft_sort.project_fwd`) or the CPU kernel; ``z`` and
+    ``w`` are (1 or B, n), a single row shared by the batch, read in the orders ``z_how`` / ``w_how``
     (:data:`SORT`; a cached order for a presorted row, see :func:`_fresh`); the projected point is ``scale·z``.
     ``views`` (a list) receives the numpy views of the three int64 outputs on the CPU, for the backward kernel.
-    CUDA inputs go to the host and back."""
+    Without ``triton``, CUDA inputs go to the host and back."""
     z, w = z.detach(), w.detach()
     order, worder = _order(z, z_how, scale > 0), _order(w, w_how)
+    if triton:
+        from diffrank.kernels.fast_soft_sort import project_fwd
+
+        mu, bid = project_fwd(z, scale, order, w, worder, w_how == SORT_AS_NEGATED, kl)
+        return mu, order, worder, bid
     dev = z.device
     if dev.type != "cpu":
         z, order, w, worder = z.cpu(), order.cpu(), w.cpu(), worder.cpu()
@@ -106,15 +116,16 @@ def _fresh(out: tuple[Tensor, ...], z_how: int, w_how: int) -> tuple[Tensor, ...
 
 
 @torch.library.custom_op("diffrank::fast_soft_sort_project", mutates_args=())
-def _project_op(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int,
-                scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _project_op(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int, scale: float,
+                triton: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """:func:`_project_impl` as an operator that ``torch.compile`` does not trace into (numba / the compiled
     module are opaque to dynamo; tracing numba's dispatcher crashed it)."""
-    return _fresh(_project_impl(z, w, kl, z_how, w_how, scale), z_how, w_how)
+    return _fresh(_project_impl(z, w, kl, z_how, w_how, scale, triton), z_how, w_how)
 
 
 @_project_op.register_fake
-def _(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int, scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int, scale: float,
+      triton: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     shape = (max(z.shape[0], w.shape[0]), z.shape[1])
     return (z.new_empty(shape), z.new_empty(z.shape, dtype=torch.int64), z.new_empty(w.shape, dtype=torch.int64),
             z.new_empty(shape, dtype=torch.int64))
@@ -170,16 +181,23 @@ def _jvp_ops(dz: Tensor | None, dw: Tensor | None, z: Tensor, w: Tensor, order: 
 
 
 def _backward(ctx, g: Tensor, z: Tensor | None, w: Tensor | None, order: Tensor, worder: Tensor, bid: Tensor):
-    """The backward of both Functions: ``ctx.kl``, ``ctx.rows`` (the row counts of z and w), ``z`` and ``w``
-    (saved for kl only) and the forward's orders and blocks.
+    """The backward of both Functions: ``ctx.kl``, ``ctx.rows`` (the row counts of z and w), ``ctx.triton``, ``z``
+    and ``w`` (saved for kl only) and the forward's orders and blocks.
 
-    The kernel's VJP on a plain CPU cotangent with no graph to record; otherwise (double backward, torch.func
-    transforms, compiling, CUDA) :func:`_vjp_ops`, whose derivatives are exact: zero a.e. in z and w for l2 (the
-    Jacobian is piecewise constant), the block softmax's for kl.
+    A kernel's VJP on a plain cotangent with no graph to record: the Triton kernel where the forward ran it
+    (:func:`diffrank.kernels.fast_soft_sort.project_bwd`), else the CPU kernel on a CPU cotangent; otherwise (double
+    backward, torch.func transforms, compiling, CUDA without Triton) :func:`_vjp_ops`, whose derivatives are exact:
+    zero a.e. in z and w for l2 (the Jacobian is piecewise constant), the block softmax's for kl.
     """
     need_z, need_w = ctx.needs_input_grad[:2]
-    if (not torch.is_grad_enabled() and type(g) is Tensor and g.is_cpu and not torch.compiler.is_compiling()
-            and not torch._C._functorch.is_functorch_wrapped_tensor(g)):
+    plain = (not torch.is_grad_enabled() and type(g) is Tensor and not torch.compiler.is_compiling()
+             and not torch._C._functorch.is_functorch_wrapped_tensor(g))
+    if plain and ctx.triton:
+        from diffrank.kernels.fast_soft_sort import project_bwd
+
+        gz, gw = project_bwd(g, None if z is None else z.detach(), ctx.scale, order, w.detach() if w is not None
+                             else g[:ctx.rows[1]], worder, ctx.w_how == SORT_AS_NEGATED, bid, ctx.kl, need_z, need_w)
+    elif plain and g.is_cpu:
         gn = g.contiguous().numpy()
         gz = torch.empty_like(g, memory_format=torch.contiguous_format) if need_z else None
         gw = torch.empty_like(g, memory_format=torch.contiguous_format) if need_w else None
@@ -197,7 +215,7 @@ def _backward(ctx, g: Tensor, z: Tensor | None, w: Tensor | None, order: Tensor,
         gz = gz.sum(0, keepdim=True)
     if need_w and ctx.rows[1] != gw.shape[0]:
         gw = gw.sum(0, keepdim=True)
-    return (gz if need_z else None), (gw if need_w else None), None, None, None, None
+    return (gz if need_z else None), (gw if need_w else None), None, None, None, None, None
 
 
 class _Projection(torch.autograd.Function):
@@ -211,15 +229,16 @@ class _Projection(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int, scale: float) -> tuple[Tensor, ...]:
+    def forward(z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int, scale: float,
+                triton: bool) -> tuple[Tensor, ...]:
         if torch.compiler.is_compiling():
-            return _project_op(z, w, kl, z_how, w_how, scale)
-        return _fresh(_project_impl(z, w, kl, z_how, w_how, scale), z_how, w_how)
+            return _project_op(z, w, kl, z_how, w_how, scale, triton)
+        return _fresh(_project_impl(z, w, kl, z_how, w_how, scale, triton), z_how, w_how)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
-        z, w, kl, _, w_how, scale = inputs
+        z, w, kl, _, w_how, scale, ctx.triton = inputs
         _, order, worder, bid = output
         ctx.mark_non_differentiable(order, worder, bid)
         ctx.save_for_backward(z if kl else None, w if kl else None, order, worder, bid)
@@ -231,13 +250,13 @@ class _Projection(torch.autograd.Function):
         return _backward(ctx, g, *ctx.saved_tensors)
 
     @staticmethod
-    def jvp(ctx, dz: Tensor | None, dw: Tensor | None, _kl, _z_how, _w_how, _scale):
+    def jvp(ctx, dz: Tensor | None, dw: Tensor | None, _kl, _z_how, _w_how, _scale, _triton):
         """Forward-mode derivative (``torch.func.jvp``, ``jacfwd``, ``torch.func.hessian``)."""
         z, w, order, worder, bid = ctx.saved_tensors
         return _jvp_ops(dz, dw, z, w, order, _desc(worder, ctx.w_how), bid, ctx.kl, ctx.scale), None, None, None
 
     @staticmethod
-    def vmap(info, in_dims, z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int, scale: float):
+    def vmap(info, in_dims, z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int, scale: float, triton: bool):
         """Fold the vmapped dimension into the batch, (V, B, n) -> (V·B, n); a shared unbatched row stays shared."""
         V = info.batch_size
         xs = [x if d is None else x.movedim(d, 0) for x, d in zip((z, w), in_dims[:2])]
@@ -245,7 +264,7 @@ class _Projection(torch.autograd.Function):
         n = z.shape[-1]
         shared = [d is None and x.shape[0] == 1 for x, d in zip(xs, in_dims[:2])]
         flat = [x if sh else x.expand(V, B, n).reshape(V * B, n) for x, sh in zip(xs, shared)]
-        mu, order, worder, bid = _Projection.apply(flat[0], flat[1], kl, z_how, w_how, scale)
+        mu, order, worder, bid = _Projection.apply(flat[0], flat[1], kl, z_how, w_how, scale, triton)
         orders = [o if sh else o.reshape(V, B, n) for o, sh in zip((order, worder), shared)]
         return (mu.reshape(V, B, n), *orders, bid.reshape(V, B, n)), (0, None if shared[0] else 0,
                                                                      None if shared[1] else 0, 0)
@@ -257,12 +276,12 @@ class _ProjectionEager(torch.autograd.Function):
     more than the whole projection of n = 100 items), and each extra output costs a wrapper too."""
 
     @staticmethod
-    def forward(ctx, z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int, scale: float) -> Tensor:
+    def forward(ctx, z: Tensor, w: Tensor, kl: bool, z_how: int, w_how: int, scale: float, triton: bool) -> Tensor:
         ctx.views = []  # int64 outputs and their numpy views: plain attributes, no autograd
-        mu, ctx.order, ctx.worder, ctx.bid = _project_impl(z, w, kl, z_how, w_how, scale, ctx.views)
+        mu, ctx.order, ctx.worder, ctx.bid = _project_impl(z, w, kl, z_how, w_how, scale, triton, ctx.views)
         if kl:
             ctx.save_for_backward(z, w)
-        ctx.kl, ctx.rows, ctx.scale, ctx.w_how = kl, (z.shape[0], w.shape[0]), scale, w_how
+        ctx.kl, ctx.rows, ctx.scale, ctx.w_how, ctx.triton = kl, (z.shape[0], w.shape[0]), scale, w_how, triton
         return mu
 
     @staticmethod
@@ -272,11 +291,12 @@ class _ProjectionEager(torch.autograd.Function):
 
 
 def _project(z: Tensor, w: Tensor, kl: bool, z_how: int = SORT, w_how: int = DESCENDING,
-             scale: float = 1.0) -> Tensor:
-    """μ = P(scale·z, w) (see :class:`_Projection`), through the Function that fits the context."""
+             scale: float = 1.0, triton: bool = False) -> Tensor:
+    """μ = P(scale·z, w) (see :class:`_Projection`), through the Function that fits the context; ``triton``: the
+    Triton kernels (z's device), else the CPU kernels."""
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
-        return _Projection.apply(z, w, kl, z_how, w_how, scale)[0]
-    return _ProjectionEager.apply(z, w, kl, z_how, w_how, scale)
+        return _Projection.apply(z, w, kl, z_how, w_how, scale, triton)[0]
+    return _ProjectionEager.apply(z, w, kl, z_how, w_how, scale, triton)
 
 
 _CONSTANTS: dict[tuple, Tensor] = {}
@@ -318,6 +338,11 @@ class FastSoftSort(RankingOperator):
         beta: inverse temperature β = 1/ε, ε torchsort's ``regularization_strength``; a float, or a 0-d tensor that
             requires grad (a learnable β: ∂/∂β by autograd through the scaling, see the methods).
         regularization: ``"l2"`` (quadratic, P_Q) or ``"kl"`` (entropic, P_E).
+        backend: ``"auto"`` (the Triton kernels of :mod:`diffrank.kernels.fast_soft_sort` on CUDA inputs, no host
+            copy; the CPU kernels of :mod:`diffrank.operators.fast_soft_sort_cpu` elsewhere), ``"torch"`` (the
+            non-Triton path: the CPU kernels, CUDA inputs copied to the host and back) or ``"triton"`` (the Triton
+            kernels everywhere; on the CPU only under ``TRITON_INTERPRET=1``), see :mod:`diffrank.operators.backend`.
+            The same projection and blocks either way (both accumulate in float64).
 
     Shapes: ``soft_rank(scores (B, n))`` / ``soft_sort(scores (B, n))`` → ``(B, n)``. ``forward`` and
     ``topk_membership`` raise (these operators give values, not probabilities). Exact second derivatives (both
@@ -325,34 +350,34 @@ class FastSoftSort(RankingOperator):
     operator ``torch.ops.diffrank.fast_soft_sort_project``) work.
 
     Raises:
-        ValueError: beta <= 0, unknown regularization; ``forward`` / ``topk_membership`` always.
+        ValueError: beta <= 0, unknown regularization or backend (``"triton"`` without the triton package);
+            ``forward`` / ``topk_membership`` always.
     """
 
     capabilities = frozenset({SOFT_SORT, SOFT_RANK})
     permutation_equivariant = True
     hard_beta = 100.0
     learnable_beta = True
-    # no Triton path; a class attribute spares guarded_call's getattr(op, "backend") the miss through
-    # nn.Module.__getattr__ (an exception per call, a few µs at n = 100)
-    backend = None
 
-    def __init__(self, beta: float | Tensor = 1.0, regularization: str = "l2") -> None:
+    def __init__(self, beta: float | Tensor = 1.0, regularization: str = "l2", backend: str = "auto") -> None:
         super().__init__(beta)
         if regularization not in REGULARIZATIONS:
             raise ValueError(f"regularization must be one of {REGULARIZATIONS}, got {regularization!r}")
         self.regularization = regularization
         self.regularization_strength = 1.0 / float(self.beta)
+        self.backend = check_backend(backend)
 
     @classmethod
-    def with_strength(cls, regularization_strength: float, regularization: str = "l2") -> FastSoftSort:
+    def with_strength(cls, regularization_strength: float, regularization: str = "l2",
+                      backend: str = "auto") -> FastSoftSort:
         """The operator for a given ε (torchsort's ``regularization_strength``) instead of β = 1/ε.
 
         Raises:
-            ValueError: ε <= 0 or an unknown regularization.
+            ValueError: ε <= 0 or an unknown regularization or backend.
         """
         if not regularization_strength > 0:
             raise ValueError(f"regularization_strength must be > 0, got {regularization_strength}")
-        op = cls(1.0 / regularization_strength, regularization)
+        op = cls(1.0 / regularization_strength, regularization, backend)
         op.regularization_strength = float(regularization_strength)  # exact, not 1 / (1 / ε)
         return op
 
@@ -365,7 +390,8 @@ class FastSoftSort(RankingOperator):
     def _soft_sort(self, scores: Tensor) -> Tensor:
         """Soft sort, descending (paper §5 "soft sorting"): P(ρ/ε, sort(θ)) (l2: Σ = Σ θ exactly; kl: Σ e^out =
         Σ e^θ), ``-torchsort.soft_sort(-θ)``; a learnable β enters as ρβ."""
-        return _project(self._sort_z(scores, 1), scores, self.regularization == "kl", DESCENDING, SORT)
+        return _project(self._sort_z(scores, 1), scores, self.regularization == "kl", DESCENDING, SORT,
+                        triton=use_triton(self.backend, scores))
 
     # torchsort's ascending forms, for diffrank.compat.torchsort (through RankingOperator._per_item: validated)
     def _soft_rank_ascending(self, scores: Tensor) -> Tensor:
@@ -378,15 +404,17 @@ class FastSoftSort(RankingOperator):
         read in the order torchsort's sort of -θ gives tied values (:data:`SORT_AS_NEGATED`)."""
         if self.regularization == "kl":
             return -self._soft_sort(-scores)
-        return _project(self._sort_z(scores, -1), scores, False, ASCENDING, SORT_AS_NEGATED)
+        return _project(self._sort_z(scores, -1), scores, False, ASCENDING, SORT_AS_NEGATED,
+                        triton=use_triton(self.backend, scores))
 
     def _rank(self, scores: Tensor, scale: float | Tensor) -> Tensor:
         kl = self.regularization == "kl"
         rho = _rho(scores.shape[-1], scores, log=kl)
+        triton = use_triton(self.backend, scores)
         if isinstance(scale, Tensor):  # a learnable β: scaled here, for autograd
-            mu = _project(scores * scale, rho, kl)
+            mu = _project(scores * scale, rho, kl, triton=triton)
         else:  # scaled inside the kernel: no scaled copy, no extra node in the graph
-            mu = _project(scores, rho, kl, scale=scale)
+            mu = _project(scores, rho, kl, scale=scale, triton=triton)
         return mu.exp() if kl else mu
 
     def _sort_z(self, scores: Tensor, sign: int) -> Tensor:
@@ -398,4 +426,4 @@ class FastSoftSort(RankingOperator):
         return _constant(("z", *rho.shape, rho.dtype, rho.device, eps), lambda: rho / eps)
 
     def extra_repr(self) -> str:
-        return f"beta={self.beta}, regularization={self.regularization!r}"
+        return f"beta={beta_repr(self.beta)}, regularization={self.regularization!r}, backend={self.backend!r}"
