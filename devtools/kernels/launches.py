@@ -27,7 +27,16 @@ from typing import Any
 
 import torch
 
-from diffrank.kernels import fast_soft_sort, lapsum, networks, neuralsort, sinkhorn, soft_topk, softsort
+from diffrank.kernels import (
+    fast_soft_sort,
+    lapsum,
+    networks,
+    neuralsort,
+    sinkhorn,
+    soft_topk,
+    softsort,
+    sparse_soft_topk,
+)
 from diffrank.kernels._common import acc, row_item_blocks
 
 #: the score dtypes that reach the kernels on CUDA (half precision arrives as float32)
@@ -152,11 +161,11 @@ def auto_launches() -> list[Launch]:
     """Every compiled program ``backend="auto"`` can launch on CUDA, derived from the kernels' dispatch rules.
 
     Covers each kernel of ``kernels/`` (SoftSort, NeuralSort, LapSum, SOFT top-k, fused Sinkhorn, comparator
-    networks, fast soft sort's PAV), forward and backward, for every dtype the operators pass on CUDA
-    (:data:`SCORE_DTYPES`; the networks: float32), every n from 1 to the largest the dispatcher sends
-    (unbounded kernels: until every block rule has reached its cap; Sinkhorn:
-    :func:`diffrank.kernels.sinkhorn.fused_size`; networks: :data:`diffrank.kernels.networks.MAX_N`) and every
-    value of the other constexprs (modes, sigmoids, flags).
+    networks, fast soft sort's PAV, sparse soft top-k's PAV), forward and backward, for every dtype the
+    operators pass on CUDA (:data:`SCORE_DTYPES`; the networks: float32; sparse top-k: float64), every n from 1
+    to the largest the dispatcher sends (unbounded kernels: until every block rule has reached its cap;
+    Sinkhorn: :func:`diffrank.kernels.sinkhorn.fused_size`; networks: :data:`diffrank.kernels.networks.MAX_N`)
+    and every value of the other constexprs (modes, sigmoids, flags).
 
     Returns:
         Distinct :class:`Launch` es (by :meth:`Launch.key`), in a stable order.
@@ -167,7 +176,7 @@ def auto_launches() -> list[Launch]:
     out: list[Launch] = []
     for dt in SCORE_DTYPES:
         out += _softsort(dt) + _neuralsort(dt) + _lapsum(dt) + _soft_topk(dt) + _sinkhorn(dt) + _fast_soft_sort(dt)
-    out += _networks()
+    out += _networks() + _sparse_soft_topk()
     seen, unique = set(), []
     for launch in out:
         if launch.key() not in seen:
@@ -218,6 +227,24 @@ def _fast_soft_sort(dt: torch.dtype) -> list[Launch]:
                                                     z_stride=zs, w_stride=ws),
                                                dict(KL=kl, WREV=wrev, NEED_Z=need_z, NEED_W=need_w),
                                                fast_soft_sort.NUM_WARPS, e, "backward"))
+    return out
+
+
+def _sparse_soft_topk() -> list[Launch]:
+    """The sparse top-k PAV: float64 whatever the scores' dtype (the operator solves in float64), mask and magnitude,
+    p = 2 and 4/3; its VJPs are PyTorch operations."""
+    out, f64 = [], torch.float64
+    for ex in _examples(UNBOUNDED_N, lambda n: None).values():
+        for kind, n in ex.items():
+            k = _other(kind, 5)
+            for mag in (False, True):
+                for cubic in (False, True):
+                    out.append(_launch(sparse_soft_topk._sparse_pav,
+                                       dict(s_ptr=f64, y_ptr=f64, a_ptr=f64, c_ptr=f64, den_ptr=f64,
+                                            start_ptr=torch.int64, bst_ptr=torch.int32, cnt_ptr=f64, mean_ptr=f64,
+                                            m2_ptr=f64, m3_ptr=f64, wsum_ptr=f64, val_ptr=f64, lam_ptr=f64, n=n, k=k),
+                                       dict(CUBIC=cubic, MAG=mag), sparse_soft_topk.NUM_WARPS, f"n={n} k={k}",
+                                       "forward"))
     return out
 
 

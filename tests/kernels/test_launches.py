@@ -15,7 +15,7 @@ from diffrank.operators.sorting_network import ComparatorNetwork
 
 KERNELS = Path(__file__).resolve().parents[2] / "src" / "diffrank" / "kernels"
 OPERATORS = ["neuralsort", "softsort", "lapsum", "soft_topk", "sinkhorn", "diffsort_odd_even", "diffsort_bitonic",
-             "difftopk_bitonic", "difftopk_splitter", "fast_soft_sort"]
+             "difftopk_bitonic", "difftopk_splitter", "fast_soft_sort", "sparse_soft_topk"]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,8 @@ def test_every_launched_kernel_is_listed(listed):
 
 def test_every_dtype_and_both_passes_are_listed(listed):
     names = {launch.name for launch in listed}
-    for name in names - {"_values_fwd", "_values_bwd", "_rows_fwd", "_rows_bwd"}:  # the networks: float32 only
+    # the networks: float32 only; sparse top-k's PAV: float64 only (the operator solves in float64)
+    for name in names - {"_values_fwd", "_values_bwd", "_rows_fwd", "_rows_bwd", "_sparse_pav"}:
         for dt in SCORE_DTYPES:
             ptr = {torch.float32: "*fp32", torch.float64: "*fp64"}[dt]
             assert any(ptr in launch.signature.values() for launch in listed if launch.name == name), (name, dt)

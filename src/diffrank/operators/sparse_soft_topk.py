@@ -15,15 +15,17 @@ in x). Both are exactly sparse: items below a soft margin get an exact 0, items 
   Σ_B (s_i - γ)^{q-1} = Σ_B w_i: the block mean of s - w for q = 2, the real root of a depressed cubic for
   q = 4 (kept as the block's count, mean and centred second and third moments, merged without
   cancellation; the root from the cancellation-free form of Cardano's formula, polished by Newton steps).
-  O(n) after the O(n log n) sort (a numba kernel over the rows, on the CPU; CUDA inputs are copied over).
+  O(n) after the O(n log n) sort: a numba kernel over the rows on the CPU; on CUDA (``backend="auto"``) the
+  Triton kernels of :mod:`diffrank.kernels.sparse_soft_topk`, one program per row, in the same float64
+  operations (no host copy; ``backend="torch"`` copies CUDA inputs to the host for the numba kernel instead).
   Singleton blocks return their w_i (0 or 1) exactly.
 - **VJP** (paper §4.3): the isotonic Jacobian is block diagonal. Within a pooled block, with
   a_i = (q-1)(s_i - γ)^{q-2} (1 for p = 2, 3 y_i^{2/3} for p = 4/3),
   ∂L/∂s_i = a_i (g_i - Σ_B a g / Σ_B a); singleton blocks (exact 0 / 1) pass no gradient. O(n), in torch ops
   (scatter-adds over the blocks). With a written as a function of the mask, the VJP is differentiable again:
   exact second derivatives for both p (for p = 2 the mask is piecewise linear, its curvature 0).
-- ``torch.func`` / ``torch.compile``: the numba PAV is a ``torch.library`` custom op (compile calls it instead of
-  tracing into numba), the Functions take no ``ctx`` and map under ``vmap`` by folding into the batch.
+- ``torch.func`` / ``torch.compile``: the PAV (numba or Triton) is a ``torch.library`` custom op (compile calls
+  it instead of tracing into numba), the Functions take no ``ctx`` and map under ``vmap`` by folding into the batch.
 - **Dykstra solver** (``solver="dykstra"``, p = 2 only; paper §4.2 "Dykstra", the GPU-friendly variant):
   Dykstra's alternating projections onto the odd-pair and the even-pair order constraints (each a pairwise
   average of violating neighbours), batched in torch in the input's compute dtype. Approximate: it stops
@@ -49,7 +51,8 @@ import torch
 from torch import Tensor
 
 from diffrank.operators._vmap import fold_vmap
-from diffrank.operators.base import TOPK_MEMBERSHIP, RankingOperator, refuse_double_backward
+from diffrank.operators.backend import check_backend, use_triton
+from diffrank.operators.base import TOPK_MEMBERSHIP, RankingOperator, beta_repr, refuse_double_backward
 
 SOLVERS = ("pav", "dykstra")
 # |βx| above this is refused for p = 4/3: the block moments hold (βx)^3 summed over up to 1e6+ items
@@ -257,10 +260,27 @@ def _check_range(z: np.ndarray, cubic: bool) -> None:
                          f"holds (finite float64{', <= 1e75' if cubic else ''}); lower beta or rescale the scores")
 
 
-def _pav_host(s: Tensor, k: int, cubic: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`_pav_topk` on float64 CPU copies of the sorted ``s`` ``(B, n)``: ``(y, a, start)`` on ``s``'s device
-    (float64, float64, int64). Under ``torch.compile`` it runs as the custom op :data:`_pav_op` (compile calls it
-    instead of tracing into numba); eagerly it is called directly (the dispatch of a custom op costs ~0.1 ms)."""
+def _check_range_device(z: Tensor, cubic: bool) -> None:
+    """:func:`_check_range` on the device: one read of a flag (a host synchronisation, no data copied)."""
+    if z.numel() == 0:
+        return
+    zmax = z.abs().amax()
+    ok = torch.isfinite(zmax) & (zmax <= _MAX_Z_CUBIC) if cubic else torch.isfinite(zmax)
+    if not bool(ok):
+        _check_range(np.array([float(zmax)]), cubic)  # raises, with the message of the host check
+
+
+def _pav_host(s: Tensor, k: int, cubic: bool, triton: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`_pav_topk` on the sorted ``s`` ``(B, n)``: ``(y, a, start)`` on ``s``'s device (float64, float64,
+    int64); with ``triton`` by :func:`diffrank.kernels.sparse_soft_topk.pav_topk` on the device, else on float64
+    CPU copies. Under ``torch.compile`` it runs as the custom op :data:`_pav_op` (compile calls it instead of tracing
+    into numba or Triton); eagerly it is called directly (the dispatch of a custom op costs ~0.1 ms)."""
+    if triton:
+        from diffrank.kernels.sparse_soft_topk import pav_topk
+
+        s = s.detach().double()
+        _check_range_device(s, cubic)
+        return pav_topk(s, int(k), bool(cubic))
     sn = s.detach().to("cpu", torch.float64).contiguous().numpy()
     _check_range(sn, cubic)
     y, a = np.empty_like(sn), np.empty_like(sn)
@@ -274,7 +294,7 @@ _pav_op = torch.library.custom_op("diffrank::sparse_topk_pav", mutates_args=())(
 
 
 @_pav_op.register_fake
-def _(s: Tensor, k: int, cubic: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _(s: Tensor, k: int, cubic: bool, triton: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     f = torch.empty_like(s, dtype=torch.float64)
     return f, torch.empty_like(f), torch.empty_like(s, dtype=torch.int64)
 
@@ -301,15 +321,16 @@ class _PAVMask(torch.autograd.Function):
     The backward is written in torch ops on the output: for p = 4/3 its weights a_i = 3 r_i² = 3 y_i^{2/3} are a
     function of the mask y, so a recorded backward differentiates them through this Function again: second
     derivatives are exact (for p = 2, a is piecewise constant and the mask piecewise linear). ``vmap`` folds the
-    mapped dimension into the batch (:func:`~diffrank.operators._vmap.fold_vmap`); the numba PAV is a custom op.
+    mapped dimension into the batch (:func:`~diffrank.operators._vmap.fold_vmap`); the PAV is a custom op. With
+    ``triton`` the PAV runs in the Triton kernel on z's device, else in numba on the host.
     """
 
     twice_differentiable = True  # read by diffrank.losses.newton
 
     @staticmethod
-    def forward(z: Tensor, k: int, cubic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def forward(z: Tensor, k: int, cubic: bool, triton: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         s, perm = torch.sort(z.double(), dim=-1, descending=True, stable=True)
-        y, a, start = (_pav_op if torch.compiler.is_compiling() else _pav_host)(s, k, cubic)
+        y, a, start = (_pav_op if torch.compiler.is_compiling() else _pav_host)(s, k, cubic, triton)
         return _unsort(y, perm), perm, a, start
 
     @staticmethod
@@ -321,14 +342,14 @@ class _PAVMask(torch.autograd.Function):
         ctx.save_for_backward(*output)
 
     @staticmethod
-    def vmap(info, in_dims, z, k, cubic):
+    def vmap(info, in_dims, z, k, cubic, triton):
         """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
-        return fold_vmap(info, in_dims, _PAVMask.apply, (z, k, cubic))
+        return fold_vmap(info, in_dims, _PAVMask.apply, (z, k, cubic, triton))
 
     @staticmethod
     def backward(ctx, g: Tensor | None, *_):
         if g is None:
-            return None, None, None
+            return None, None, None, None
         mask, perm, a, start = ctx.saved_tensors
         if ctx.cubic and torch.is_grad_enabled():
             # recorded: a = 3 y^{2/3} on pooled blocks (a > 0 there), 0 on singletons, as a function of the mask (the
@@ -336,7 +357,7 @@ class _PAVMask(torch.autograd.Function):
             ys = mask.gather(-1, perm)
             pos = a > 0
             a = torch.where(pos, 3 * torch.where(pos, ys, 1.0).pow(2.0 / 3.0), 0.0)
-        return _unsort(_block_vjp(g.double().gather(-1, perm), a, start), perm), None, None
+        return _unsort(_block_vjp(g.double().gather(-1, perm), a, start), perm), None, None, None
 
 
 def _pair_project(v: Tensor, offset: int) -> Tensor:
@@ -440,7 +461,7 @@ class _DykstraMask(torch.autograd.Function):
 
 
 def sparse_soft_topk_mask(x: Tensor, k: int, beta: float = 10.0, p: float = 4 / 3, solver: str = "pav",
-                          max_iter: int = 500, tolerance: float = 1e-9) -> Tensor:
+                          max_iter: int = 500, tolerance: float = 1e-9, backend: str = "auto") -> Tensor:
     """The relaxed top-k mask argmax_{y ∈ C_k} ⟨x, y⟩ - (λ/p)‖y‖_p^p, λ = 1/β (Sander et al. 2023, Eq. (8)).
 
     Args:
@@ -450,6 +471,10 @@ def sparse_soft_topk_mask(x: Tensor, k: int, beta: float = 10.0, p: float = 4 / 
         p: 2 or 4/3.
         solver: ``"pav"`` (exact) or ``"dykstra"`` (p = 2 only; approximate, batched torch).
         max_iter, tolerance: Dykstra's iteration cap and stopping change (z = βx units).
+        backend: where the PAV runs (:mod:`diffrank.operators.backend`): ``"auto"`` the Triton kernel on CUDA
+            inputs (no host copy) and numba on the CPU, ``"torch"`` numba (CUDA inputs copied to the host and
+            back), ``"triton"`` the Triton kernel (on the CPU under ``TRITON_INTERPRET=1``). Dykstra is PyTorch
+            operations on the input's device either way.
 
     Returns:
         ``(B, n)`` mask in [0, 1] summing to k (float64 for PAV, x's dtype for Dykstra); exact zeros and ones
@@ -457,20 +482,30 @@ def sparse_soft_topk_mask(x: Tensor, k: int, beta: float = 10.0, p: float = 4 / 
 
     Raises:
         ValueError: p not 2 or 4/3, Dykstra with p = 4/3, or βx beyond the range the solve can hold (float64
-            overflow; |βx| > 1e75 for p = 4/3, whose blocks hold cubes).
+            overflow; |βx| > 1e75 for p = 4/3, whose blocks hold cubes); an unknown backend.
+        RuntimeError: ``backend="triton"`` on a CPU tensor without ``TRITON_INTERPRET=1``.
     """
     p = _check_p(p)
+    check_backend(backend)
     z = x * beta
     if solver == "dykstra":
         if p != 2.0:
             raise ValueError("solver='dykstra' solves the p = 2 problem only; use solver='pav' for p = 4/3")
         return _DykstraMask.apply(z, k, max_iter, tolerance)[0]
-    return _PAVMask.apply(x.double() * beta, k, p != 2.0)[0]
+    return _PAVMask.apply(x.double() * beta, k, p != 2.0, use_triton(backend, x))[0]
 
 
-def _pav_mag_host(zs: Tensor, k: int, cubic: bool, lam: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """:func:`_pav_topk_mag` on a float64 CPU copy of the sorted ``zs`` ``(B, n)``: ``(y, a, c, den, start)`` on its
-    device (float64; start int64). A custom op under ``torch.compile`` (as :func:`_pav_host`)."""
+def _pav_mag_host(zs: Tensor, k: int, cubic: bool, lam: float,
+                  triton: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """:func:`_pav_topk_mag` on the sorted ``zs`` ``(B, n)``: ``(y, a, c, den, start)`` on its device (float64; start
+    int64); with ``triton`` by :func:`diffrank.kernels.sparse_soft_topk.pav_topk_magnitude` on the device, else on a
+    float64 CPU copy. A custom op under ``torch.compile`` (as :func:`_pav_host`)."""
+    if triton:
+        from diffrank.kernels.sparse_soft_topk import pav_topk_magnitude
+
+        zs = zs.detach().double()
+        _check_range_device(zs, cubic)
+        return pav_topk_magnitude(zs, int(k), bool(cubic), float(lam))
     zn = zs.detach().to("cpu", torch.float64).contiguous().numpy()
     _check_range(zn, cubic)
     y, a, c, den = (np.empty_like(zn) for _ in range(4))
@@ -483,7 +518,8 @@ _pav_mag_op = torch.library.custom_op("diffrank::sparse_topk_pav_magnitude", mut
 
 
 @_pav_mag_op.register_fake
-def _(zs: Tensor, k: int, cubic: bool, lam: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _(zs: Tensor, k: int, cubic: bool, lam: float,
+      triton: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     f = torch.empty_like(zs, dtype=torch.float64)
     return f, torch.empty_like(f), torch.empty_like(f), torch.empty_like(f), torch.empty_like(zs, dtype=torch.int64)
 
@@ -498,9 +534,10 @@ class _PAVMagnitude(torch.autograd.Function):
     twice_differentiable = False  # p = 4/3 refuses (read by diffrank.losses.newton)
 
     @staticmethod
-    def forward(z: Tensor, k: int, cubic: bool, lam: float) -> tuple[Tensor, ...]:
+    def forward(z: Tensor, k: int, cubic: bool, lam: float, triton: bool) -> tuple[Tensor, ...]:
         zs, perm = torch.sort(z.double(), dim=-1, descending=True, stable=True)
-        y, a, c, den, start = (_pav_mag_op if torch.compiler.is_compiling() else _pav_mag_host)(zs, k, cubic, lam)
+        y, a, c, den, start = (_pav_mag_op if torch.compiler.is_compiling() else _pav_mag_host)(zs, k, cubic, lam,
+                                                                                                 triton)
         return _unsort(y, perm), perm, a, c, den, start
 
     @staticmethod
@@ -512,14 +549,14 @@ class _PAVMagnitude(torch.autograd.Function):
         ctx.save_for_backward(inputs[0], *output[1:])
 
     @staticmethod
-    def vmap(info, in_dims, z, k, cubic, lam):
+    def vmap(info, in_dims, z, k, cubic, lam, triton):
         """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
-        return fold_vmap(info, in_dims, _PAVMagnitude.apply, (z, k, cubic, lam))
+        return fold_vmap(info, in_dims, _PAVMagnitude.apply, (z, k, cubic, lam, triton))
 
     @staticmethod
     def backward(ctx, g: Tensor | None, *_):
         if g is None:
-            return None, None, None, None
+            return None, None, None, None, None
         z, perm, a, c, den, start = ctx.saved_tensors
         cg = c * g.double().gather(-1, perm)
         scg = torch.zeros_like(cg).scatter_add(-1, start, cg).gather(-1, start)
@@ -529,11 +566,13 @@ class _PAVMagnitude(torch.autograd.Function):
         if ctx.cubic:
             # the weights depend on z but are saved as constants: tie gz to z (a zero term) so that differentiating it
             # reaches the refusal instead of returning a silent 0 curvature
-            return refuse_double_backward((gz + 0 * z, None, None, None), "sparse_soft_topk_magnitude(p=4/3)", "p=2")
-        return gz, None, None, None
+            return refuse_double_backward((gz + 0 * z, None, None, None, None), "sparse_soft_topk_magnitude(p=4/3)",
+                                          "p=2")
+        return gz, None, None, None, None
 
 
-def sparse_soft_topk_magnitude(x: Tensor, k: int, beta: float = 10.0, p: float = 4 / 3) -> Tensor:
+def sparse_soft_topk_magnitude(x: Tensor, k: int, beta: float = 10.0, p: float = 4 / 3,
+                               backend: str = "auto") -> Tensor:
     """The relaxed top-k in magnitude (Sander et al. 2023, §3.3): a soft x ∘ mask_k(|x|), exactly sparse.
 
     Sorted |x| = s, w = (1_k, 0), λ = 1/β: v = argmin_{v_1 ≥ … ≥ v_n} Σ (1/(q λ^{q-1}))|s_i - v_i|^q + ½ Σ w_i v_i²
@@ -546,21 +585,24 @@ def sparse_soft_topk_magnitude(x: Tensor, k: int, beta: float = 10.0, p: float =
         k: integer in [1, n].
         beta: β = 1/λ > 0.
         p: 2 or 4/3.
+        backend: where the PAV runs, as in :func:`sparse_soft_topk_mask`.
 
     Returns:
         ``(B, n)`` float64, the sign of x, |out| ≤ |x|.
 
     Raises:
-        ValueError: p not 2 or 4/3, k outside [1, n], or β|x| beyond the range the solve holds.
+        ValueError: p not 2 or 4/3, k outside [1, n], β|x| beyond the range the solve holds, or an unknown backend.
+        RuntimeError: ``backend="triton"`` on a CPU tensor without ``TRITON_INTERPRET=1``.
     """
     p = _check_p(p)
+    check_backend(backend)
     n = x.shape[-1]
     if isinstance(k, bool) or not 1 <= int(k) <= n:
         raise ValueError(f"k must satisfy 1 <= k <= n = {n}, got k = {k}")
     lam = 1.0 / float(beta)
     z = x.double().abs() / lam
     # y = r^{q-1} + λ r with r = (s - v)/λ is already in score units; autograd chains |x|/λ and the sign
-    return torch.sign(x.detach()).double() * _PAVMagnitude.apply(z, int(k), p != 2.0, lam)[0]
+    return torch.sign(x.detach()).double() * _PAVMagnitude.apply(z, int(k), p != 2.0, lam, use_triton(backend, x))[0]
 
 
 class SparseSoftTopK(RankingOperator):
@@ -569,17 +611,20 @@ class SparseSoftTopK(RankingOperator):
     ``topk_membership(scores (B, n), ks)`` → ``(B, len(ks), n)``: for each k the mask
     argmax_{y ∈ C_k} ⟨x, y⟩ - (λ/p)‖y‖_p^p, in [0, 1], summing to k, exactly 0 / 1 outside a margin of
     width O(λ) around the k-th score (see the module docstring for the solvers and the VJP). Computed in
-    float64 (PAV) or the compute dtype (Dykstra); cast back to the input dtype.
+    float64 (PAV) or the compute dtype (Dykstra); cast back to the input dtype. On CUDA the PAV runs in a Triton
+    kernel (``backend="auto"``): no method copies the scores to the host.
 
     Args:
         beta: β = 1/λ > 0; a 0-d tensor that requires grad is learnable (``learnable_beta``).
         p: 2 (projection onto the capped simplex) or 4/3 (the paper's default, C¹).
-        solver: ``"pav"`` (exact, CPU numba) or ``"dykstra"`` (p = 2; batched torch, approximate).
+        solver: ``"pav"`` (exact; numba on the CPU, Triton on CUDA) or ``"dykstra"`` (p = 2; batched torch,
+            approximate).
         max_iter: Dykstra's iteration cap (paper's code: 500).
         tolerance: Dykstra's stopping change in βx units; a run that stops above it warns.
+        backend: where the PAV runs (``"auto"``, ``"torch"``, ``"triton"``; see :func:`sparse_soft_topk_mask`).
 
     Raises:
-        ValueError: bad β, p, solver, ``dykstra`` with p = 4/3, max_iter < 1 or tolerance <= 0; at call time,
+        ValueError: bad β, p, solver, backend, ``dykstra`` with p = 4/3, max_iter < 1 or tolerance <= 0; at call time,
             β·scores out of range (see :func:`sparse_soft_topk_mask`).
     """
 
@@ -589,7 +634,7 @@ class SparseSoftTopK(RankingOperator):
     hard_beta = 4.0  # exact 0 / 1 once β × (gap around the k-th score) >= 1 (both p)
 
     def __init__(self, beta: float | Tensor = 10.0, p: float = 4 / 3, solver: str = "pav", max_iter: int = 500,
-                 tolerance: float = 1e-9) -> None:
+                 tolerance: float = 1e-9, backend: str = "auto") -> None:
         super().__init__(beta)
         self.p = _check_p(p)
         if solver not in SOLVERS:
@@ -601,11 +646,12 @@ class SparseSoftTopK(RankingOperator):
         if not float(tolerance) > 0:
             raise ValueError(f"tolerance must be > 0, got {tolerance}")
         self.solver, self.max_iter, self.tolerance = solver, int(max_iter), float(tolerance)
+        self.backend = check_backend(backend)
 
     def _topk_membership(self, x: Tensor, ks: list[int]) -> Tensor:
         """``(B, len(ks), n)``: the mask for each k (one sort + one PAV / Dykstra run per k)."""
         return torch.stack([sparse_soft_topk_mask(x, k, self.beta, self.p, self.solver, self.max_iter,
-                                                  self.tolerance) for k in ks], dim=1)
+                                                  self.tolerance, self.backend) for k in ks], dim=1)
 
     def extra_repr(self) -> str:
-        return f"beta={self.beta}, p={self.p:.4g}, solver={self.solver!r}"
+        return f"beta={beta_repr(self.beta)}, p={self.p:.4g}, solver={self.solver!r}, backend={self.backend!r}"
