@@ -138,7 +138,10 @@ def _syncs(fn) -> list[str]:
     stacks: list[str] = []
 
     def record(message, category, filename, lineno, file=None, line=None):
-        if "synchroniz" in str(message):  # called at the warning, in the thread that synchronised
+        # "called a synchronizing CUDA operation"; not the once-per-process notice that the debug mode is a prototype
+        # (it names "Synchronization" too: it was counted as the odd-even step's second synchronisation on 2026-11-25,
+        # that test being the first to switch the mode on)
+        if "synchronizing" in str(message):  # called at the warning, in the thread that synchronised
             # a synchronisation in the backward is reported at loss.backward() (autograd's device thread hands its
             # warnings to the caller): the message names the operation
             stacks.append(f"{str(message).strip()[:300]}\n" + "".join(traceback.format_stack(limit=12)[:-1]))

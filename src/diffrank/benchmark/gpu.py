@@ -37,6 +37,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -164,8 +165,9 @@ def run_tests(out: Path, timeout: float) -> dict:
         except subprocess.TimeoutExpired:
             rc = None
     text = (out / "gpu_tests.log").read_text(errors="replace")
-    summary = next((line.strip("= ") for line in reversed(text.splitlines()) if " in " in line and "=" in line),
-                   "no summary")
+    # pytest's last line: "9 failed, 88 passed, 259 skipped, 10 warnings in 67.32s (0:01:07)" (framed by = without -q)
+    summary = next((line.strip("= ") for line in reversed(text.splitlines())
+                    if re.search(r"\d+ (passed|failed|error|skipped|deselected)\b.* in [\d.]+s", line)), "no summary")
     result = {"rc": rc, "seconds": round(time.monotonic() - t0, 1), "command": " ".join(cmd[2:]),
               "summary": summary if rc is not None else f"timed out after {timeout:.0f} s"}
     result["sync"] = {key: _test_outcome(out / "gpu_tests.xml", name) for key, name in SYNC_TESTS.items()}
