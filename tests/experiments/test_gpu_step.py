@@ -139,9 +139,10 @@ def _syncs(fn) -> list[str]:
 
     def record(message, category, filename, lineno, file=None, line=None):
         # "called a synchronizing CUDA operation"; not the once-per-process notice that the debug mode is a prototype
-        # (it names "Synchronization" too: it was counted as the odd-even step's second synchronisation on 2026-11-25,
-        # that test being the first to switch the mode on)
-        if "synchronizing" in str(message):  # called at the warning, in the thread that synchronised
+        # ("... does not yet detect all synchronizing operations"): it was counted as the odd-even step's second
+        # synchronisation on 2026-11-25 and 2026-11-27 (H100), that test being the first to switch the mode on; the
+        # phase-by-phase count of that step found one, the operator's validation read
+        if "called a synchronizing" in str(message):  # called at the warning, in the thread that synchronised
             # a synchronisation in the backward is reported at loss.backward() (autograd's device thread hands its
             # warnings to the caller): the message names the operation
             stacks.append(f"{str(message).strip()[:300]}\n" + "".join(traceback.format_stack(limit=12)[:-1]))
