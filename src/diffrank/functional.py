@@ -43,9 +43,9 @@ import torch
 from torch import Tensor
 
 from diffrank.operators import load
-from diffrank.operators.base import RankingOperator
+from diffrank.operators.base import RankingOperator, data_checks_traced
 
-__all__ = ["permutation_matrix", "soft_rank", "soft_sort", "topk_membership"]
+__all__ = ["permutation_matrix", "soft_median", "soft_quantile", "soft_rank", "soft_sort", "topk_membership"]
 
 
 _CACHE: dict[Any, str] = {}  # (method, options) -> the name of the built operator in _BUILT
@@ -373,3 +373,97 @@ def permutation_matrix(x: Tensor, *, method: str | RankingOperator, beta: float 
         hard_p = torch.zeros_like(p).scatter_(-1, order.unsqueeze(-1), 1.0)
         p = _straight_through(hard_p, p)
     return p.reshape(*batch, *p.shape[-2:])
+
+
+def _check_q(q: float | Tensor, like: Tensor) -> tuple[Tensor, bool]:
+    """The quantile levels as a 1-D tensor of ``like``'s dtype and device, and whether ``q`` was a scalar.
+
+    Raises:
+        TypeError: ``q`` neither a real number nor a floating tensor (an integer, bool or complex tensor, a bool, a
+            string, …).
+        ValueError: a tensor ``q`` with more than one dimension; a level outside [0, 1] or NaN (one host read of a
+            tensor ``q``, skipped under ``torch.compile`` / ``vmap``).
+    """
+    if isinstance(q, Tensor):
+        if not q.is_floating_point():
+            raise TypeError(f"q must be a float or a floating-point tensor, got a tensor of dtype {q.dtype}")
+        if q.dim() > 1:
+            raise ValueError(f"q must be a number, a 0-d or a 1-d tensor, got shape {tuple(q.shape)}")
+        scalar, levels = q.dim() == 0, q.reshape(-1).to(device=like.device, dtype=like.dtype)
+        if not data_checks_traced(q) and not bool(((q >= 0) & (q <= 1)).all()):  # NaN fails both comparisons
+            raise ValueError(f"q must lie in [0, 1], got {q.detach().cpu().tolist()}")
+        return levels, scalar
+    if isinstance(q, bool) or not isinstance(q, numbers.Real):
+        raise TypeError(f"q must be a float in [0, 1] or a floating-point tensor, got {type(q).__name__} {q!r}")
+    if not 0 <= q <= 1:  # NaN too
+        raise ValueError(f"q must lie in [0, 1], got {q}")
+    return torch.tensor([float(q)], dtype=like.dtype, device=like.device), True
+
+
+def soft_quantile(x: Tensor, q: float | Tensor, *, method: str | RankingOperator, beta: float | Tensor | None = None,
+                  dim: int = -1, keepdim: bool = False, hard: bool = False, **options: Any) -> Tensor:
+    """Soft q-quantiles along ``dim``, interpolated as ``torch.quantile(x, q, dim, keepdim)`` (``"linear"``) does,
+    on the method's soft-sorted values.
+
+    With v the ascending soft sort along ``dim`` (:func:`soft_sort`) and h = q · (n − 1), the quantile is
+    ``torch.lerp(v[⌊h⌋], v[min(⌊h⌋ + 1, n − 1)], h − ⌊h⌋)``, torch's linear interpolation between the order statistics
+    (Hyndman & Fan 1996, definition 7). Where the soft sort tends to the sort (β → ∞), the result tends to
+    ``torch.quantile``; ``hard=True`` (the straight-through soft sort) gives ``torch.quantile``'s values with the
+    relaxation's gradient, and so does a sorting network with ``error_free=True``. The gradient reaches the values
+    through the relaxed permutation (every item, not only the two order statistics) and ``q`` through h − ⌊h⌋.
+
+    Args:
+        x: floating tensor of any shape with at least one dimension (see :func:`soft_sort`).
+        q: the level(s) in [0, 1]: a Python float, or a floating tensor of shape ``()`` or ``(m,)`` (any floating
+            dtype and device: it is cast to ``x``'s), which may require grad.
+        method: any method that provides ``"soft_sort"`` (an operator name or a built operator); the others raise.
+        beta: inverse temperature β > 0, default the config's.
+        dim: the dimension that holds the items.
+        keepdim: keep ``dim`` with size 1, as ``torch.quantile``.
+        hard: straight-through: the forward values are ``torch.quantile``'s.
+        **options: constructor arguments of the operator.
+
+    Returns:
+        ``torch.quantile``'s shape: ``x``'s shape without ``dim`` (with size 1 there if ``keepdim``), with a leading
+        dimension of size m for a 1-d ``q``; dtype of ``x``.
+
+    Raises:
+        TypeError: ``x`` not a floating tensor; ``q`` not a real number or floating tensor (integer / bool tensors,
+            bools, strings).
+        ValueError: ``q`` outside [0, 1] or NaN, ``q`` with more than one dimension, non-finite ``x``, an unknown
+            method or an operator without ``"soft_sort"`` (the message lists what it provides), and the errors of
+            :func:`soft_sort`.
+        IndexError: ``dim`` out of range.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    levels, scalar = _check_q(q, x)
+    v = soft_sort(x, method=method, beta=beta, dim=dim, hard=hard, **options)
+    dim = dim % x.dim()
+    v = v.movedim(dim, -1)  # (..., n), ascending
+    n = v.shape[-1]
+    h = levels * (n - 1)
+    lo = h.detach().floor().clamp(0, n - 1).long()
+    hi = (lo + 1).clamp(max=n - 1)
+    out = torch.lerp(v[..., lo], v[..., hi], (h - lo.to(h.dtype)).expand(*v.shape[:-1], -1))  # (..., m)
+    if keepdim:
+        out = out.unsqueeze(dim)  # the items' dimension back as size 1, the levels last
+    out = out.movedim(-1, 0)  # (m, ...), torch.quantile's layout
+    return out[0] if scalar else out
+
+
+def soft_median(x: Tensor, *, method: str | RankingOperator, beta: float | Tensor | None = None, dim: int = -1,
+                keepdim: bool = False, hard: bool = False, **options: Any) -> Tensor:
+    """Soft median along ``dim``: :func:`soft_quantile` at q = 0.5, i.e. ``torch.quantile(x, 0.5, dim, keepdim)`` in
+    the hard limit, the mean of the two middle values for an even n (``torch.median`` returns the lower one).
+
+    Args:
+        x, method, beta, dim, keepdim, hard, **options: as :func:`soft_quantile`.
+
+    Returns:
+        ``x``'s shape without ``dim`` (size 1 there if ``keepdim``), dtype of ``x``.
+
+    Raises:
+        As :func:`soft_quantile`.
+    """
+    return soft_quantile(x, 0.5, method=method, beta=beta, dim=dim, keepdim=keepdim, hard=hard, **options)
