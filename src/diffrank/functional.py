@@ -18,7 +18,9 @@ requires grad (a learnable temperature, for the operators whose ``learnable_beta
 "Learnable temperature") builds a fresh, uncached operator each call, so that ∂/∂β reaches the tensor; the other
 methods refuse it with a ``ValueError``. ``method`` may also
 be an already-built :class:`~diffrank.operators.base.RankingOperator`, used as is (then ``beta`` and
-``**options`` must not be given).
+``**options`` must not be given). Operators built here are in evaluation mode: the stochastic methods
+(``"gumbel_sinkhorn"``, ``"neuralsort_stochastic"``) then draw no noise unless ``noise=True`` is passed
+(:mod:`diffrank.operators.gumbel`), and ``samples`` must stay 1 (the functions keep ``x``'s shape).
 
 ``hard=True`` is the straight-through estimator: the forward value is the exact hard result, the backward
 pass the relaxation's gradient (``hard + (soft - soft.detach())``). Ties in the hard forward are broken as
@@ -41,9 +43,9 @@ import torch
 from torch import Tensor
 
 from diffrank.operators import load
-from diffrank.operators.base import RankingOperator
+from diffrank.operators.base import RankingOperator, data_checks_traced
 
-__all__ = ["permutation_matrix", "soft_rank", "soft_sort", "topk_membership"]
+__all__ = ["permutation_matrix", "soft_median", "soft_quantile", "soft_rank", "soft_sort", "topk_membership"]
 
 
 _CACHE: dict[Any, str] = {}  # (method, options) -> the name of the built operator in _BUILT
@@ -56,7 +58,8 @@ def _operator(method: str | RankingOperator, beta: float | Tensor | None, option
     """The operator ``method`` names (built by :func:`diffrank.operators.load`, cached) or ``method`` itself.
 
     Raises:
-        ValueError: an operator instance together with ``beta`` or options; an unknown name (from ``load``,
+        ValueError: an operator instance together with ``beta`` or options; ``samples`` other than 1 (option or
+            instance); an unknown name (from ``load``,
             which lists the known ones); a bad β or option (from the operator's constructor), a β that requires
             grad for an operator that cannot learn it.
         TypeError: ``method`` neither a name nor a :class:`RankingOperator`.
@@ -66,21 +69,32 @@ def _operator(method: str | RankingOperator, beta: float | Tensor | None, option
         if given:
             raise ValueError(f"method is an operator instance ({type(method).__name__}); {', '.join(given)} "
                              "must not be given with it (set them when building the operator)")
+        if getattr(method, "samples", 1) != 1:
+            raise ValueError(f"method has samples={method.samples}: the functional API returns x's shape, without "
+                             "the leading samples dimension; call the operator itself")
         return method
     if not isinstance(method, str):
         raise TypeError(f"method must be an operator name (str) or a RankingOperator, got {type(method).__name__}")
+    if options.get("samples", 1) != 1:
+        raise ValueError(f"samples={options['samples']!r}: the functional API returns x's shape, without the leading "
+                         "samples dimension of samples > 1; call the operator itself (diffrank.operators.load)")
     if isinstance(beta, Tensor) and beta.requires_grad:
         # a learnable β: the operator keeps the tensor in the caller's graph, so a cached one would hold a stale
         # graph (and the refusal of a non-learnable operator comes from its constructor)
-        return load(method, **options, beta=beta)
+        return _build(method, {**options, "beta": beta})
     if beta is not None:
         options = {**options, "beta": float(beta)}
     key = (method, tuple(sorted(options.items())))
     try:
         hash(key)
     except TypeError:  # an unhashable option value: build without caching
-        return load(method, **options)
+        return _build(method, options)
     return getattr(_BUILT, _cache_operator(key))
+
+
+def _build(method: str, options: dict[str, Any]) -> RankingOperator:
+    """``load(method, **options)`` in evaluation mode (the module docstring: no noise unless asked for)."""
+    return load(method, **options).eval()
 
 
 def _cache_operator(key: tuple[str, tuple[tuple[str, Any], ...]]) -> str:
@@ -95,7 +109,7 @@ def _cache_operator(key: tuple[str, tuple[tuple[str, Any], ...]]) -> str:
     not: a second method in one compiled function would miss)."""
     if key not in _CACHE:
         method, options = key
-        op = load(method, **dict(options))
+        op = _build(method, dict(options))
         if len(_CACHE) >= _CACHE_SIZE:
             delattr(_BUILT, _CACHE.pop(next(iter(_CACHE))))  # the oldest entry
         _CACHE[key] = f"op{next(_SERIAL)}"
@@ -359,3 +373,97 @@ def permutation_matrix(x: Tensor, *, method: str | RankingOperator, beta: float 
         hard_p = torch.zeros_like(p).scatter_(-1, order.unsqueeze(-1), 1.0)
         p = _straight_through(hard_p, p)
     return p.reshape(*batch, *p.shape[-2:])
+
+
+def _check_q(q: float | Tensor, like: Tensor) -> tuple[Tensor, bool]:
+    """The quantile levels as a 1-D tensor of ``like``'s dtype and device, and whether ``q`` was a scalar.
+
+    Raises:
+        TypeError: ``q`` neither a real number nor a floating tensor (an integer, bool or complex tensor, a bool, a
+            string, …).
+        ValueError: a tensor ``q`` with more than one dimension; a level outside [0, 1] or NaN (one host read of a
+            tensor ``q``, skipped under ``torch.compile`` / ``vmap``).
+    """
+    if isinstance(q, Tensor):
+        if not q.is_floating_point():
+            raise TypeError(f"q must be a float or a floating-point tensor, got a tensor of dtype {q.dtype}")
+        if q.dim() > 1:
+            raise ValueError(f"q must be a number, a 0-d or a 1-d tensor, got shape {tuple(q.shape)}")
+        scalar, levels = q.dim() == 0, q.reshape(-1).to(device=like.device, dtype=like.dtype)
+        if not data_checks_traced(q) and not bool(((q >= 0) & (q <= 1)).all()):  # NaN fails both comparisons
+            raise ValueError(f"q must lie in [0, 1], got {q.detach().cpu().tolist()}")
+        return levels, scalar
+    if isinstance(q, bool) or not isinstance(q, numbers.Real):
+        raise TypeError(f"q must be a float in [0, 1] or a floating-point tensor, got {type(q).__name__} {q!r}")
+    if not 0 <= q <= 1:  # NaN too
+        raise ValueError(f"q must lie in [0, 1], got {q}")
+    return torch.tensor([float(q)], dtype=like.dtype, device=like.device), True
+
+
+def soft_quantile(x: Tensor, q: float | Tensor, *, method: str | RankingOperator, beta: float | Tensor | None = None,
+                  dim: int = -1, keepdim: bool = False, hard: bool = False, **options: Any) -> Tensor:
+    """Soft q-quantiles along ``dim``, interpolated as ``torch.quantile(x, q, dim, keepdim)`` (``"linear"``) does,
+    on the method's soft-sorted values.
+
+    With v the ascending soft sort along ``dim`` (:func:`soft_sort`) and h = q · (n − 1), the quantile is
+    ``torch.lerp(v[⌊h⌋], v[min(⌊h⌋ + 1, n − 1)], h − ⌊h⌋)``, torch's linear interpolation between the order statistics
+    (Hyndman & Fan 1996, definition 7). Where the soft sort tends to the sort (β → ∞), the result tends to
+    ``torch.quantile``; ``hard=True`` (the straight-through soft sort) gives ``torch.quantile``'s values with the
+    relaxation's gradient, and so does a sorting network with ``error_free=True``. The gradient reaches the values
+    through the relaxed permutation (every item, not only the two order statistics) and ``q`` through h − ⌊h⌋.
+
+    Args:
+        x: floating tensor of any shape with at least one dimension (see :func:`soft_sort`).
+        q: the level(s) in [0, 1]: a Python float, or a floating tensor of shape ``()`` or ``(m,)`` (any floating
+            dtype and device: it is cast to ``x``'s), which may require grad.
+        method: any method that provides ``"soft_sort"`` (an operator name or a built operator); the others raise.
+        beta: inverse temperature β > 0, default the config's.
+        dim: the dimension that holds the items.
+        keepdim: keep ``dim`` with size 1, as ``torch.quantile``.
+        hard: straight-through: the forward values are ``torch.quantile``'s.
+        **options: constructor arguments of the operator.
+
+    Returns:
+        ``torch.quantile``'s shape: ``x``'s shape without ``dim`` (with size 1 there if ``keepdim``), with a leading
+        dimension of size m for a 1-d ``q``; dtype of ``x``.
+
+    Raises:
+        TypeError: ``x`` not a floating tensor; ``q`` not a real number or floating tensor (integer / bool tensors,
+            bools, strings).
+        ValueError: ``q`` outside [0, 1] or NaN, ``q`` with more than one dimension, non-finite ``x``, an unknown
+            method or an operator without ``"soft_sort"`` (the message lists what it provides), and the errors of
+            :func:`soft_sort`.
+        IndexError: ``dim`` out of range.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    levels, scalar = _check_q(q, x)
+    v = soft_sort(x, method=method, beta=beta, dim=dim, hard=hard, **options)
+    dim = dim % x.dim()
+    v = v.movedim(dim, -1)  # (..., n), ascending
+    n = v.shape[-1]
+    h = levels * (n - 1)
+    lo = h.detach().floor().clamp(0, n - 1).long()
+    hi = (lo + 1).clamp(max=n - 1)
+    out = torch.lerp(v[..., lo], v[..., hi], (h - lo.to(h.dtype)).expand(*v.shape[:-1], -1))  # (..., m)
+    if keepdim:
+        out = out.unsqueeze(dim)  # the items' dimension back as size 1, the levels last
+    out = out.movedim(-1, 0)  # (m, ...), torch.quantile's layout
+    return out[0] if scalar else out
+
+
+def soft_median(x: Tensor, *, method: str | RankingOperator, beta: float | Tensor | None = None, dim: int = -1,
+                keepdim: bool = False, hard: bool = False, **options: Any) -> Tensor:
+    """Soft median along ``dim``: :func:`soft_quantile` at q = 0.5, i.e. ``torch.quantile(x, 0.5, dim, keepdim)`` in
+    the hard limit, the mean of the two middle values for an even n (``torch.median`` returns the lower one).
+
+    Args:
+        x, method, beta, dim, keepdim, hard, **options: as :func:`soft_quantile`.
+
+    Returns:
+        ``x``'s shape without ``dim`` (size 1 there if ``keepdim``), dtype of ``x``.
+
+    Raises:
+        As :func:`soft_quantile`.
+    """
+    return soft_quantile(x, 0.5, method=method, beta=beta, dim=dim, keepdim=keepdim, hard=hard, **options)

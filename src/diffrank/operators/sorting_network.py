@@ -358,23 +358,47 @@ def run_network(net: Network, x: Tensor, beta: float | Tensor, sigmoid: str, art
     return _Net.apply(x, net, beta, sigmoid, art_lambda, mode, y0)[0]
 
 
+def _error_free(hard: Tensor, soft: Tensor) -> Tensor:
+    """A swap layer's output whose value is ``hard`` exactly and whose gradient is that of ``soft`` (Kim et al.
+    2024, §3: sg(hard − soft) + soft, written so that the forward adds an exact 0 to ``hard``)."""
+    return hard.detach() + (soft - soft.detach())
+
+
 def reference_forward(net: Network, x: Tensor, beta: float, sigmoid: str, art_lambda: float,
-                      mode: str = "values", y0: Tensor | None = None) -> Tensor:
+                      mode: str = "values", y0: Tensor | None = None, error_free: bool = False) -> Tensor:
     """The same computation as :func:`run_network` in plain autograd ops (gathers and lerps per wire).
 
     Slower and heavier (every op is a graph node); kept as the executable definition the fused
     implementation is tested against, including its gradients; run by ``ComparatorNetwork(...,
-    twice_differentiable=True)``, for a learnable β, and by the recorded backward of the fused paths
-    (:func:`differentiable_vjp`).
+    twice_differentiable=True)``, for a learnable β, by the recorded backward of the fused paths
+    (:func:`differentiable_vjp`), and for the error-free swaps.
+
+    ``error_free=True``: the error-free differentiable swap of Kim, Yoon, Cho (ICLR 2024, §3): every layer outputs
+    the exact conditional swap of its (exact) inputs, max on the ``hi`` wire and min on the ``lo`` wire, with the
+    gradient of the relaxed swap at those inputs, sg(swap(z) − swap̃(z)) + swap̃(z), for the wire values and for the
+    rows of P alike (the authors' ``use_ste`` code does the same per layer). The values are then the hard network's
+    (the sorted scores, for a sorting network) and P the hard permutation, with no softening error; the gradient
+    is the chain of the relaxed swaps' Jacobians along the exact trajectory (for one layer, the relaxed network's
+    gradient). ``mode="rows"`` is then ``y0 · P`` of the full P (O(L·B·n²)).
     """
+    if error_free and mode == "rows":
+        return y0 @ reference_forward(net, x, beta, sigmoid, art_lambda, "full", None, True)
     B, n = x.shape
     p = torch.eye(n, dtype=x.dtype, device=x.device).expand(B, n, n) if mode == "full" else None
     ws = []
     for layer in net.layers:
         partner, sign = layer.tensors(x.device, x.dtype)
-        diff = x.index_select(1, partner) - x
+        x_partner = x.index_select(1, partner)
+        diff = x_partner - x
         w = 1.0 - swap_weight(sign * -diff, beta, sigmoid, art_lambda)
         ws.append(w)
+        if error_free:
+            swap = (sign * -diff < 0).detach()  # hi holds the smaller value (lo the larger): exchange; ties stay
+            if p is not None:
+                p_partner = p.index_select(1, partner)
+                p = _error_free(torch.where(swap.unsqueeze(-1), p_partner, p), p + w.unsqueeze(-1) * (p_partner - p))
+            x = _error_free(torch.where(swap, x_partner, x), x + w * diff)
+            continue
         if p is not None:
             p = p + w.unsqueeze(-1) * (p.index_select(1, partner) - p)
         x = x + w * diff
@@ -411,6 +435,14 @@ class ComparatorNetwork(RankingOperator):
         backend: ``"auto"`` (the fused Triton kernels on CUDA inputs, PyTorch elsewhere), ``"torch"`` (never
             the kernels) or ``"triton"`` (always, where the kernels apply: float32 work with n <= 4096; on the
             CPU only under ``TRITON_INTERPRET=1``). Same values and gradients up to float32 rounding.
+        error_free: the error-free differentiable swaps of Kim, Yoon, Cho (ICLR 2024, §3): every comparator outputs
+            the exact max / min of its inputs, with the relaxed swap's gradient there (straight-through per swap,
+            :func:`reference_forward`). The soft-sorted values are then the sorted scores exactly, P the hard
+            permutation matrix, top-k memberships 0 / 1 and soft ranks the ranks, while gradients flow through the
+            relaxed swaps (β and the sigmoid still shape them). Runs the plain autograd ops (not the fused
+            Function or kernels); top-k rows, membership and soft ranks are formed from the full P (O(L·B·n²)).
+            A double backward runs, but differentiates the surrogate gradient with the exact trajectory held fixed
+            (no finite-difference derivative of it, as for any straight-through estimator). Default False.
         twice_differentiable: run the network in plain autograd ops (:func:`reference_forward`) instead of the
             fused Function / kernels; same values, O(L·B·n²) saved for full P and slower. Every path gives exact
             second derivatives (the fused backward is differentiable, :class:`_Net`), so this is only needed for
@@ -442,10 +474,14 @@ class ComparatorNetwork(RankingOperator):
     learnable_beta = True
 
     def __init__(self, beta: float | Tensor = 10.0, sigmoid: str = "cauchy", art_lambda: float = 0.25,
-                 network: str = "bitonic", backend: str = "auto", twice_differentiable: bool = False) -> None:
+                 network: str = "bitonic", backend: str = "auto", twice_differentiable: bool = False,
+                 error_free: bool = False) -> None:
         super().__init__(beta)
         self.backend = check_backend(backend)
         self.plain_autograd = bool(twice_differentiable)
+        if not isinstance(error_free, bool):
+            raise ValueError(f"error_free must be True or False, got {error_free!r}")
+        self.error_free = error_free
         if network not in NETWORKS:
             raise ValueError(f"network must be one of {NETWORKS}, got {network!r}")
         self.sigmoid = check_sigmoid(sigmoid)
@@ -486,8 +522,8 @@ class ComparatorNetwork(RankingOperator):
         return supports(x.shape[1], x.dtype)
 
     def _run(self, net: Network, x: Tensor, mode: str, y0: Tensor | None = None) -> Tensor:
-        if self.plain_autograd or isinstance(self.beta, Tensor):
-            return reference_forward(net, x, self.beta, self.sigmoid, self.art_lambda, mode, y0)
+        if self.plain_autograd or self.error_free or isinstance(self.beta, Tensor):
+            return reference_forward(net, x, self.beta, self.sigmoid, self.art_lambda, mode, y0, self.error_free)
         if net.layers and self._kernel(x):
             from diffrank.kernels.networks import network_kernel
 
@@ -538,4 +574,5 @@ class ComparatorNetwork(RankingOperator):
     def extra_repr(self) -> str:
         return (f"beta={self.beta}, sigmoid={self.sigmoid!r}, art_lambda={self.art_lambda}, "
                 f"network={self.network!r}, backend={self.backend!r}"
-                + (", twice_differentiable=True" if self.plain_autograd else ""))
+                + (", twice_differentiable=True" if self.plain_autograd else "")
+                + (", error_free=True" if self.error_free else ""))
