@@ -8,7 +8,7 @@ export OMP_NUM_THREADS ?= 2
 export HF_HUB_OFFLINE ?= 1
 export WANDB_MODE ?= offline
 
-.PHONY: help install torchsort lapsum-reference train test test-library test-slow test-all bench lint format report clean clean-outputs
+.PHONY: help install torchsort lapsum-reference train test test-library test-slow test-all bench gpu-check lint format report clean clean-outputs
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -55,6 +55,12 @@ test-all: $(STAMP)  ## every test that runs on this machine
 
 bench: $(STAMP)  ## benchmark tables: ours vs the peer libraries (time, peak memory)
 	$(BIN)/python -m diffrank.benchmark $(ARGS)
+
+# On a GPU machine: the Python that has CUDA torch and Triton (this checkout's .venv when there is one, else
+# python3 with `pip install -e .` done), offline; docs/gpu.md. ARGS="--budget 420 --peer-src DIR --data-dir DIR".
+GPU_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+gpu-check:  ## on a GPU machine: GPU tests, every operator vs peers and torch.sort, Table 3.9, sets/s (~7 min) -> outputs/gpu_check
+	$(GPU_PY) -m diffrank.benchmark.gpu --out outputs/gpu_check $(ARGS)
 
 report: $(STAMP)  ## compare the archived runs (results/) and every results.json under outputs/ with the papers' tables
 	$(BIN)/python -m diffrank.experiments.analysis.report results $(wildcard outputs) $(ARGS)

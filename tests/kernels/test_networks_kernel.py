@@ -191,12 +191,24 @@ def test_cuda_matches_pytorch(network, sigmoid, n):
 
     def check(f_ref, f_fused):
         a, b = s.clone().requires_grad_(), s.clone().requires_grad_()
-        pa, pb = f_ref(a), f_fused(b)
+        c = s.double().requires_grad_()  # the float64 PyTorch path: the reference both float32 results are held to
+        pa, pb, pc = f_ref(a), f_fused(b), f_ref(c)
         torch.testing.assert_close(pb, pa, atol=2e-5, rtol=1e-4)
         w = torch.randn(pa.shape, generator=gen).cuda()
-        (pa * w).sum().backward()
-        (pb * w).sum().backward()
-        torch.testing.assert_close(b.grad, a.grad, **_grad_tol(sigmoid, a.grad))
+        for p in (pa, pb, pc):
+            (p * w.to(p.dtype)).sum().backward()
+        # the kernel rounds differently from float32 PyTorch (FMA contraction, summation order), and near ties the
+        # slope of ART / Cauchy amplifies both roundings (2026-11-25, H100: 2-6 elements of 10^3-10^4 beyond 1e-4,
+        # each at float32 PyTorch's own worst element): the kernel's error against float64 may be at most a few
+        # times PyTorch's own, elementwise in the tolerance that float32 PyTorch needs
+        err_torch = (a.grad.double() - c.grad).abs()
+        err_kernel = (b.grad.double() - c.grad).abs()
+        tol = _grad_tol(sigmoid, c.grad)
+        bound = 3 * err_torch.max() + tol["atol"] + tol["rtol"] * c.grad.abs()
+        worst = int((err_kernel - bound).argmax())
+        assert bool((err_kernel <= bound).all()), (
+            f"kernel gradient off float64 by {float(err_kernel.flatten()[worst]):.3g} at flat index {worst}, "
+            f"float32 PyTorch by at most {float(err_torch.max()):.3g}")
 
     check(lambda x: ref.topk_rows(x, 5), lambda x: fused.topk_rows(x, 5))
     if network != "splitter_selection" and n <= 300:

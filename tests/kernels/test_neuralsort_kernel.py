@@ -25,6 +25,16 @@ def test_forward_backward_match_pytorch(n, k, dtype, device):
     (pa, ga), (pb, gb) = _both(s, k)
     assert pb.shape == (3, k, n) and pb.dtype == dtype
     tol = 1e-5 if dtype == torch.float32 else 1e-12
+    if dtype == torch.float32 and device == "cuda":
+        # compiled, the kernel rounds differently (FMA contraction, its summation order): on an H100 (2026-11-25)
+        # 1 of 4 500 entries at n = 300 differed from float32 PyTorch by 1.9e-5. Both are held to float64 instead:
+        # the kernel's error at most a few times PyTorch's own (test_float32_as_accurate_as_pytorch, forward too);
+        # the gradient likewise (2026-11-27: 1 of 900 entries 1.6e-4 from PyTorch's, tolerance 1.1e-4)
+        (p64, g64), _ = _both(s.double(), k)
+        for ours, torchs, exact in ((pb, pa, p64), (gb, ga, g64)):
+            err_torch, err_kernel = (float((t.double() - exact).abs().max()) for t in (torchs, ours))
+            assert err_kernel <= 3 * err_torch + tol * max(1.0, float(exact.abs().max())), (err_kernel, err_torch)
+        return
     torch.testing.assert_close(pb, pa, atol=tol, rtol=1e-5)
     # the gradient sums n terms of size up to n |dlogit| (the (n + 1 - 2r) s_j term, and the prefix sums of
     # the row sums' backward) in another order than PyTorch: the rounding grows as n · eps · its scale

@@ -74,10 +74,10 @@ def test_operator_forward_and_backward_match_numba(p, dtype, device):
     w = torch.randn(3, 2, 20, generator=torch.Generator().manual_seed(2), dtype=dtype)
     out = []
     for backend, dev in (("torch", "cpu"), ("triton", device)):
-        xx = x.to(dev).requires_grad_()
+        xx = x.to(dev, copy=True).requires_grad_()  # a copy: x.to("cpu") is x itself, which would then need grad
         m = SparseSoftTopK(beta=2.0, p=p, backend=backend).topk_membership(xx, [3, 11])
         (m * w.to(dev)).sum().backward()
-        xm = x.to(dev).requires_grad_()
+        xm = x.to(dev, copy=True).requires_grad_()
         mag = sparse_soft_topk_magnitude(xm, 4, beta=2.0, p=p, backend=backend)
         (mag * w[:, 0].to(dev)).sum().backward()
         out.append([t.detach().cpu() for t in (m, xx.grad, mag, xm.grad)])

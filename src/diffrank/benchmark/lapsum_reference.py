@@ -1,11 +1,15 @@
-"""The official LapSum CPU extension (Struski et al. 2025, MIT), JIT-compiled from a checkout of gmum/LapSum.
+"""The official LapSum extensions (Struski et al. 2025, MIT), JIT-compiled from a checkout of gmum/LapSum.
 
 The project never vendors the official code: ``make lapsum-reference`` (``python -m
 diffrank.benchmark.lapsum_reference --build``) compiles ``lapsum/topk/cpu/soft_topk.cpp`` of the
 checkout named by ``DIFFRANK_LAPSUM_OFFICIAL`` (``git clone https://github.com/gmum/LapSum``) with
 ``torch.utils.cpp_extension.load`` into ``~/.cache/diffrank/lapsum_official`` (``DIFFRANK_LAPSUM_BUILD``);
 the benchmark and the parity tests then load the built module as it is (no source needed; :func:`official_topk`
-with ``build=False``) and their rows skip when there is none.
+with ``build=False``) and their rows skip when there is none. ``--cuda`` builds the CUDA extension
+(``lapsum/topk/cuda/soft_topk.cu`` and ``soft_topk_cuda.cpp``, needs ``nvcc``) beside it, which
+:func:`official_topk` uses for CUDA tensors (``device="cuda"``). The sources are compiled from copies in the build
+folder with ``.type()`` read as ``.scalar_type()``, the edit the official ``setup.py`` makes in place for
+PyTorch >= 2.6.
 
 Calling convention of the extension (its ``topk/extension/soft_topk.py``): ``forward(x (B, n), k (B, m),
 alpha) -> (thresholds (B, m), prob (B, m, n))`` with ``alpha < 0`` for the largest; ``vjp(x, thresholds,
@@ -24,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-NAME = "lapsum_official_soft_topk_cpu"
+NAMES = {"cpu": "lapsum_official_soft_topk_cpu", "cuda": "lapsum_official_soft_topk_cuda"}
+SOURCES = {"cpu": ("cpu/soft_topk.cpp",), "cuda": ("cuda/soft_topk.cu", "cuda/soft_topk_cuda.cpp")}
 _CACHE: dict = {}
 
 
@@ -39,11 +44,13 @@ def build_dir() -> Path:
     return Path(os.environ.get("DIFFRANK_LAPSUM_BUILD", Path.home() / ".cache" / "diffrank" / "lapsum_official"))
 
 
-def load_extension(build: bool = False):
+def load_extension(build: bool = False, device: str = "cpu"):
     """The compiled extension module, or None when it is not built (and ``build`` is False) or cannot be.
 
     Args:
-        build: compile it when missing (a minute or two on 2 cores; needs a C++ compiler and ninja).
+        build: compile it when missing (a minute or two on 2 cores; needs a C++ compiler and ninja, and
+            ``nvcc`` for CUDA).
+        device: ``"cpu"`` or ``"cuda"``: which of the two extensions.
 
     Returns:
         The module with ``forward`` / ``vjp`` or None.
@@ -51,29 +58,40 @@ def load_extension(build: bool = False):
     Raises:
         FileNotFoundError: ``build=True`` and the official source is not there.
     """
-    if "ext" in _CACHE:
-        return _CACHE["ext"]
-    out = build_dir()
-    built = sorted(glob.glob(str(out / f"{NAME}*.so")))
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    if kind in _CACHE:
+        return _CACHE[kind]
+    out = build_dir() / kind if kind == "cuda" else build_dir()
+    built = sorted(glob.glob(str(out / f"{NAMES[kind]}*.so")))
     if not build:
         if not built:
             return None
         # the built module as it is: loading it needs neither the source nor a compiler
-        loader = importlib.machinery.ExtensionFileLoader(NAME, built[0])
-        ext = importlib.util.module_from_spec(importlib.util.spec_from_loader(NAME, loader))
+        loader = importlib.machinery.ExtensionFileLoader(NAMES[kind], built[0])
+        ext = importlib.util.module_from_spec(importlib.util.spec_from_loader(NAMES[kind], loader))
         loader.exec_module(ext)
-        _CACHE["ext"] = ext
+        _CACHE[kind] = ext
         return ext
     root = source_dir()
-    src = None if root is None else root / "lapsum" / "topk" / "cpu" / "soft_topk.cpp"
-    if src is None or not src.exists():
-        raise FileNotFoundError(f"official LapSum source not found ({src or 'DIFFRANK_LAPSUM_OFFICIAL is not set'}): "
+    # DIFFRANK_LAPSUM_OFFICIAL names the package folder (<checkout>/lapsum) or the checkout itself
+    bases = [] if root is None else [b for b in (root / "lapsum" / "topk", root / "lapsum" / "lapsum" / "topk")
+                                     if b.is_dir()]
+    srcs = [bases[0] / f for f in SOURCES[kind]] if bases else []
+    if not srcs or not all(p.exists() for p in srcs):
+        raise FileNotFoundError(f"official LapSum source not found ({srcs or 'DIFFRANK_LAPSUM_OFFICIAL is not set'}): "
                                 "set DIFFRANK_LAPSUM_OFFICIAL to a checkout of https://github.com/gmum/LapSum")
     from torch.utils.cpp_extension import load
 
     out.mkdir(parents=True, exist_ok=True)
-    ext = load(name=NAME, sources=[str(src)], build_directory=str(out), extra_cflags=["-O3"], verbose=build)
-    _CACHE["ext"] = ext
+    copies = []
+    for src in srcs:  # PyTorch >= 2.6 removed Tensor::type() in dispatch macros: the official setup.py's own edit
+        dst = out / src.name
+        dst.write_text(src.read_text().replace(".type()", ".scalar_type()"))
+        copies.append(str(dst))
+    flags = {"extra_cuda_cflags": ["-O2", "--expt-relaxed-constexpr"]} if kind == "cuda" else {}
+    ext = load(name=NAMES[kind], sources=copies, build_directory=str(out), extra_cflags=["-O3"], verbose=build,
+               **flags)
+    _CACHE[kind] = ext
     return ext
 
 
@@ -92,32 +110,36 @@ class _OfficialTopK(torch.autograd.Function):
         return gx, None, None, None
 
 
-def official_topk(build: bool = False):
+def official_topk(build: bool = False, device: str = "cpu"):
     """``f(x (B, n), k: int | float, beta) -> (B, n)``: the official soft top-k (largest first, α = -1/β) with
-    its own VJP, or None when the extension is not built."""
-    ext = load_extension(build)
+    its own VJP, for tensors on ``device`` (its CPU or its CUDA extension), or None when that extension is not
+    built."""
+    ext = load_extension(build, device)
     if ext is None:
         return None
 
     def f(x: torch.Tensor, k: float, beta: float) -> torch.Tensor:
         """Soft top-k membership of the official extension, ``(B, n)``, differentiable in x."""
-        kk = torch.full((x.shape[0], 1), float(k), dtype=x.dtype)
+        kk = torch.full((x.shape[0], 1), float(k), dtype=x.dtype, device=x.device)
         return _OfficialTopK.apply(x, kk, -1.0 / beta, ext)[:, 0]
 
     return f
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``--build``: compile the extension (``make lapsum-reference``); without: report whether it is built."""
+    """``--build``: compile the extension (``make lapsum-reference``; ``--cuda``: the CUDA one); without: report
+    whether it is built."""
     p = argparse.ArgumentParser(prog="python -m diffrank.benchmark.lapsum_reference")
     p.add_argument("--build", action="store_true")
+    p.add_argument("--cuda", action="store_true", help="the CUDA extension (needs nvcc) instead of the CPU one")
     args = p.parse_args(argv)
+    device = "cuda" if args.cuda else "cpu"
     if args.build and (source_dir() is None or not (source_dir() / "lapsum").exists()):
         print(f"[lapsum-reference] skipped: no official source at {source_dir()} (set DIFFRANK_LAPSUM_OFFICIAL to a "
               "checkout of https://github.com/gmum/LapSum)")
         return
-    ext = load_extension(build=args.build)
-    print(f"[lapsum-reference] {'built' if ext is not None else 'not built'}: {build_dir()}")
+    ext = load_extension(build=args.build, device=device)
+    print(f"[lapsum-reference] {device} {'built' if ext is not None else 'not built'}: {build_dir()}")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ Every subcommand prints one line per measurement and :func:`main` returns the me
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
@@ -69,17 +70,23 @@ def _compose_topk(experiment: str, data_dir: Path, batch: int, val_size: int = 1
 
 
 def measure_sorting(experiment: str, data_dir: str | Path, batch: int, steps: int,
-                    precision: str = "32-true") -> tuple[float, float]:
+                    precision: str = "32-true", device: str = "cpu") -> tuple[float, float]:
     """(median seconds per step, sets per second) of one sorting experiment config: ``steps`` timed training
     steps (forward + loss + backward + Adam step, real MNIST batches) after 3 warm-up steps, in the current
     thread count.
+
+    On CUDA the training sets are composed on the device, as ``trainer=gpu`` composes them
+    (``data.device_resident``: the digit pool on the GPU, one ``SetKey`` per step), and the steps are timed
+    together: the wall time of all timed steps, one synchronisation at their end, divided by ``steps`` (a
+    synchronisation per step would add its own latency to a step of a few milliseconds).
 
     Args:
         experiment: an experiment config name, e.g. ``sorting/thesis_t3_7/odd_even_cauchy_n5``.
         data_dir: ``paths.data_dir`` (holds ``MNIST/raw``).
         batch: sets per step (``data.batch_size``).
         steps: timed steps.
-        precision: ``32-true``, or ``bf16-mixed``: forward and loss under ``torch.autocast("cpu", bfloat16)``.
+        precision: ``32-true``, or ``bf16-mixed``: forward and loss under ``torch.autocast(<device>, bfloat16)``.
+        device: ``"cpu"`` or ``"cuda"``.
 
     Raises:
         ValueError: ``steps`` < 1 or an unknown ``precision``.
@@ -92,27 +99,37 @@ def measure_sorting(experiment: str, data_dir: str | Path, batch: int, steps: in
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     cfg = _compose([f"experiment={experiment}", f"paths.data_dir={data_dir}", f"data.batch_size={batch}",
                     "data.val_sets=1", "data.test_sets=1", f"paths.output_dir={tempfile.gettempdir()}"])
+    cuda = device.startswith("cuda")
     dm = instantiate(cfg.data)
+    dm.device_resident = cuda
     dm.setup()
-    loss = instantiate(cfg.loss)  # with the operator its yaml interpolates
-    model = instantiate(cfg.model, loss=loss)
+    loss = instantiate(cfg.loss).to(device)  # with the operator its yaml interpolates
+    model = instantiate(cfg.model, loss=loss).to(device)
     opt = model.hparams.optimizer(params=model.parameters())
     bf16 = precision == "bf16-mixed"
-    times = []
-    for i, (x, v) in enumerate(dm.train_dataloader()):
+    times, start = [], None
+    for i, batch_ in enumerate(dm.train_dataloader()):
         if i == steps + 3:
             break
+        if i == 3 and cuda:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
         t = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        x, v = dm.transfer_batch_to_device(batch_, torch.device(device), 0)
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
             lv = loss(model(x), v)
         opt.zero_grad()
         lv.backward()
         opt.step()
         if i >= 3:
             times.append(time.perf_counter() - t)
-    if not times:
+    if len(times) < steps:
         raise ValueError(f"{experiment}: the training loader gave fewer than {steps + 3} batches of {batch} sets")
-    dt = statistics.median(times)
+    if cuda:
+        torch.cuda.synchronize()
+        dt = (time.perf_counter() - start) / steps
+    else:
+        dt = statistics.median(times)
     return dt, batch / dt
 
 
@@ -216,10 +233,12 @@ def _sorting(a: argparse.Namespace) -> list[dict[str, Any]]:
           f"glibc mmap {mmap}")
     out = []
     for e in a.experiments:
-        dt, sps = measure_sorting(e, a.data_dir, a.batch, a.steps, a.precision)
-        out.append({"experiment": e, "threads": torch.get_num_threads(), "batch": a.batch, "steps": a.steps,
-                    "precision": a.precision, "s_per_step": dt, "sets_per_s": sps})
+        dt, sps = measure_sorting(e, a.data_dir, a.batch, a.steps, a.precision, a.device)
+        out.append({"experiment": e, "device": a.device, "threads": torch.get_num_threads(), "batch": a.batch,
+                    "steps": a.steps, "precision": a.precision, "s_per_step": dt, "sets_per_s": sps})
         print(f"{e:45s} {dt * 1e3:8.1f} ms/step {sps:8.1f} sets/s", flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=1))
     return out
 
 
@@ -260,7 +279,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     s.add_argument("--batch", type=int, default=100)
     s.add_argument("--steps", type=int, default=20, help="timed steps (after 3 warm-up steps)")
     s.add_argument("--precision", choices=PRECISIONS, default="32-true",
-                   help="bf16-mixed: forward and loss under torch.autocast('cpu', bfloat16), as Lightning's")
+                   help="bf16-mixed: forward and loss under torch.autocast(<device>, bfloat16), as Lightning's")
+    s.add_argument("--device", default="cpu", help="cuda: sets composed on the device (trainer=gpu's data path)")
+    s.add_argument("--json", help="also write the measurements to this JSON file")
     s.add_argument("--glibc-mmap", action="store_true",
                    help="leave glibc's mmap/munmap of large blocks on (train.py turns it off)")
     t = sub.add_parser("topk", help="CIFAR-100 ResNet-18 images/s, or ImageNet linear heads (--head)")
