@@ -144,3 +144,18 @@ def test_no_host_kernel_and_no_host_copy_with_triton(device, monkeypatch):
                 xx = x.clone().requires_grad_()
                 fn(xx, method=op, descending=descending).sum().backward()
                 assert xx.grad.device == xx.device
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_vmap_and_torch_func_grad_with_triton(device):
+    """The custom Function's vmap rule and torch.func.grad carry the Triton path (the forward kernel; the backward
+    in tensor operations under transforms) and equal the CPU kernels'."""
+    x = torch.randn(3, 2, 5, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    out = []
+    for backend, dev in (("torch", "cpu"), ("triton", device)):
+        op = FastSoftSort(0.9, "kl", backend=backend)
+        xs = x.to(dev)
+        out.append([torch.func.vmap(op.soft_rank)(xs).cpu(),
+                    torch.func.grad(lambda s, op=op: op.soft_sort(s).pow(2).sum())(xs[0]).cpu()])
+    for a, b in zip(*out):
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
