@@ -33,7 +33,7 @@ def test_triton_on_cpu_without_the_interpreter_raises(name, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     op = load(name, backend="triton")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
-        op.topk_membership(torch.randn(2, 6), [2])
+        _objective(op)(torch.randn(2, 6))
 
 
 def test_the_decision():
@@ -44,7 +44,8 @@ def test_the_decision():
 
 # -- backend="auto" falls back to the PyTorch path when a kernel fails (injected on the CPU) ------------------
 
-KERNEL_MODULES = ("neuralsort", "softsort", "lapsum", "soft_topk", "sinkhorn", "sorting_network")
+KERNEL_MODULES = ("neuralsort", "softsort", "lapsum", "soft_topk", "sinkhorn", "sorting_network", "fast_soft_sort",
+                  "sparse_soft_topk")
 # the failures are injected into the interpreter's launches (CPU tensors); a CUDA machine runs compiled kernels
 INTERPRETED = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="injects into the interpreter")
 
@@ -98,10 +99,17 @@ def broken_kernels(monkeypatch):
     return break_
 
 
+def _objective(op):
+    """The top-2 membership, or the soft ranks of an operator without top-k (fast soft sort)."""
+    if "topk_membership" in op.capabilities:
+        return lambda x: op.topk_membership(x, [2])
+    return op.soft_rank
+
+
 def _membership(op, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-2 memberships and ∂Σ(w ⊙ m)/∂x (fixed weights w)."""
+    """Top-2 memberships (soft ranks: :func:`_objective`) and ∂Σ(w ⊙ m)/∂x (fixed weights w)."""
     x = x.clone().requires_grad_()
-    m = op.topk_membership(x, [2])
+    m = _objective(op)(x)
     w = torch.linspace(-1, 1, m.numel()).view_as(m)
     (m * w).sum().backward()
     return m.detach(), x.grad
@@ -188,7 +196,9 @@ def test_torch_backend_never_imports_triton():
         "from diffrank.operators import load\n"
         f"for name in {WITH_BACKEND!r}:\n"
         "    x = torch.randn(3, 6, requires_grad=True)\n"
-        "    load(name, backend='torch').topk_membership(x, [2]).sum().backward()\n"
+        "    op = load(name, backend='torch')\n"
+        "    f = (lambda s: op.topk_membership(s, [2])) if 'topk_membership' in op.capabilities else op.soft_rank\n"
+        "    f(x).sum().backward()\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'triton' or 'kernels' in m))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
