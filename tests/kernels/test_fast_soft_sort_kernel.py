@@ -109,7 +109,7 @@ def test_empty_batch_and_a_single_item(device):
 @pytest.mark.parametrize("reg", ["l2", "kl"])
 def test_gradcheck_and_double_backward_with_triton(reg, device):
     """The kernel's VJP against finite differences (float64), and a recorded backward through the tensor ops."""
-    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(3), dtype=torch.float64).to(device)
+    x = torch.randn(1, 4, generator=torch.Generator().manual_seed(3), dtype=torch.float64).to(device)
     op = FastSoftSort(0.8, reg, backend="triton")
     assert torch.autograd.gradcheck(op.soft_rank, (x.clone().requires_grad_(),))
     assert torch.autograd.gradcheck(op.soft_sort, (x.clone().requires_grad_(),))
@@ -120,11 +120,11 @@ def test_gradcheck_and_double_backward_with_triton(reg, device):
     not INTERPRET, reason="CPU kernels need TRITON_INTERPRET=1")]), *DEVICES[1:]])
 @pytest.mark.parametrize("reg", ["l2", "kl"])
 def test_a_row_of_100_000_items(reg, device):
-    """One row of n = 10⁵ (two in float32 beside it on the GPU): the scratch offsets and loops at size. The
-    interpreter takes minutes here (about 1 ms per item): the CPU case is in the slow suite."""
+    """One row of n = 10⁵ with many ties: the scratch offsets and loops at size. The interpreter takes minutes per
+    launch here (a few ms per item): the CPU case is in the slow suite, and checks the soft rank only."""
     g = torch.Generator().manual_seed(5)
     x = (torch.randn(1, 100_000, generator=g, dtype=torch.float64) * 30).round() / 10  # many ties
-    _compare(x.to(device), 1.0, reg, methods=("soft_rank", "soft_sort"))
+    _compare(x.to(device), 1.0, reg, methods=("soft_rank",) if device == "cpu" else ("soft_rank", "soft_sort"))
 
 
 @pytest.mark.parametrize("device", DEVICES)
