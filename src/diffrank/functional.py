@@ -26,6 +26,10 @@ pass the relaxation's gradient (``hard + (soft - soft.detach())``). Ties in the 
 comes first in the sorted order (it gets the smaller ascending rank, and the smaller descending rank with
 ``descending=True``; it wins a top-k place).
 
+Every function raises what its operator raises, also :class:`~diffrank.operators.memory.DenseMemoryError` (a
+``MemoryError``) where the rows of P a method forms would not fit in memory: the message names the O(n log n)
+methods (``fast_soft_sort``, ``lapsum``, …; :mod:`diffrank.operators.memory`, ``DIFFRANK_MAX_DENSE_BYTES``).
+
 Shapes: the dimension ``dim`` holds the n items; every other dimension is a batch dimension. Internally
 ``dim`` is moved last and the rest flattened into the ``(B, n)`` batch the operators take.
 """

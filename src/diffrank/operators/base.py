@@ -438,6 +438,7 @@ class RankingOperator(nn.Module):
         Raises:
             ValueError / TypeError: bad scores (see :func:`check_scores`) or k (see :func:`check_k`),
                 or an operator without the ``"permutation"`` capability.
+            DenseMemoryError: P's rows would not fit in memory (:mod:`diffrank.operators.memory`).
         """
         n = self._check_call(PERMUTATION, "forward", scores)
         k = None if k is None else check_k(k, n)
@@ -461,6 +462,7 @@ class RankingOperator(nn.Module):
 
         Raises:
             ValueError / TypeError: bad scores or ks, or an operator without ``"topk_membership"``.
+            DenseMemoryError: rows of P that would not fit in memory (:mod:`diffrank.operators.memory`).
         """
         n = self._check_call(TOPK_MEMBERSHIP, "topk_membership", scores)
         ks, own = self._check_ks(ks, n, scores)
@@ -486,6 +488,7 @@ class RankingOperator(nn.Module):
 
         Raises:
             ValueError / TypeError: bad scores, or an operator without ``"soft_sort"``.
+            DenseMemoryError: rows of P that would not fit in memory (:mod:`diffrank.operators.memory`).
         """
         return self._per_item(SOFT_SORT, "soft_sort", scores, self._soft_sort, checks)
 
@@ -502,6 +505,7 @@ class RankingOperator(nn.Module):
 
         Raises:
             ValueError / TypeError: bad scores, or an operator without ``"soft_rank"``.
+            DenseMemoryError: rows of P that would not fit in memory (:mod:`diffrank.operators.memory`).
         """
         return self._per_item(SOFT_RANK, "soft_rank", scores, self._soft_rank, checks)
 
