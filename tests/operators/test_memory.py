@@ -83,6 +83,19 @@ def test_without_the_variable_the_limit_is_the_memory_left(monkeypatch):
     assert memory.available_bytes(torch.device("cpu")) is None
 
 
+def test_on_cuda_the_limit_is_the_free_memory_plus_the_unused_cache(monkeypatch):
+    """The CUDA branch (no GPU needed: torch.cuda's readers stubbed): free bytes plus reserved-but-unallocated."""
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (3 * 2**30, 80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 2 * 2**30)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 2**30)
+    cuda = torch.device("cuda", 0)
+    assert memory.available_bytes(cuda) == 4 * 2**30
+    with pytest.raises(DenseMemoryError, match=r"more than the 4.0 GiB memory left on cuda:0.*fast_soft_sort, lapsum"):
+        memory.check_dense("NeuralSort", "soft_rank", 1, 30000, 30000, torch.float32, cuda)
+    memory.check_dense("NeuralSort", "soft_rank", 1, 10000, 10000, torch.float32, cuda)  # 1.1 GiB: fits
+
+
 @pytest.mark.slow  # ~6 s: a fresh interpreter imports torch
 def test_under_a_ulimit_the_call_is_refused_not_killed():
     """Issue 37's command in a process whose address space is limited to 2 GiB beyond what it maps (ulimit -v):
