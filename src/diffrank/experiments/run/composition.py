@@ -237,9 +237,10 @@ def _check_target_values(node: Any, prefix: str) -> None:
             continue
         value = node[key]
         if isinstance(value, str):
+            kind = "true or false" if types_[key] is bool else "a number"
             raise ValueError(
-                f"{prefix}{key}={value}: {node.get('_target_')} takes a number for '{key}' "
-                f"({_annotation_text(types_[key])}), not the string {value!r}. Pass a number: {prefix}{key}=<value>")
+                f"{prefix}{key}={value}: {node.get('_target_')} takes {kind} for '{key}' "
+                f"({_annotation_text(types_[key])}), not the string {value!r}. Pass {kind}: {prefix}{key}=<value>")
 
 
 def _annotation_text(annotation: Any) -> str:
