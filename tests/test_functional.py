@@ -378,3 +378,30 @@ def test_options_and_cache():
     torch.testing.assert_close(F.soft_rank(x, method="neuralsort", descending=True),
                                load("neuralsort").soft_rank(x))
     assert F.soft_rank(x.float(), method="neuralsort").dtype == torch.float32
+
+
+def test_per_row_k_of_a_non_lapsum_method_says_it_is_lapsums():
+    """Issue 37: a k per set (a tensor of the batch shape) for NeuralSort said "k must be an integer, got
+    tensor([1])"; it now says per-row k is LapSum's (and a real k too), and LapSum takes it."""
+    x = _rand(3, 5)
+    with pytest.raises(TypeError, match=r"per-row k \(one k per set\) is LapSum's.*NeuralSort"):
+        F.topk_membership(x, torch.tensor([1, 2, 3]), method="neuralsort")
+    with pytest.raises(TypeError, match=r"real-valued k is LapSum's.*SoftSort"):
+        F.topk_membership(x, torch.tensor(2.5, dtype=F64), method="softsort")
+    with pytest.raises(TypeError, match=r"got 2.5 \(real-valued k is LapSum's"):
+        F.topk_membership(x, 2.5, method="neuralsort")
+    out = F.topk_membership(x, torch.tensor([1.0, 2.0, 3.0], dtype=F64), method="lapsum")
+    assert torch.allclose(out.sum(-1), torch.tensor([1.0, 2.0, 3.0], dtype=F64))
+
+
+def test_a_float_dim_is_a_clear_type_error():
+    """Issue 37: dim=1.0 raised "tuple indices must be integers or slices, not float"."""
+    x = _rand(2, 4)
+    for fn in (F.soft_sort, F.soft_rank, F.permutation_matrix):
+        with pytest.raises(TypeError, match=r"dim must be an integer .* got 1.0 of type float"):
+            fn(x, method="neuralsort", dim=1.0)
+    with pytest.raises(TypeError, match="dim must be an integer"):
+        F.topk_membership(x, 2, method="neuralsort", dim=1.0)
+    import numpy as np
+
+    assert torch.equal(F.soft_rank(x, method="neuralsort", dim=np.int64(1)), F.soft_rank(x, method="neuralsort"))

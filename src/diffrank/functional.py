@@ -28,6 +28,10 @@ pass the relaxation's gradient (``hard + (soft - soft.detach())``). Ties in the 
 comes first in the sorted order (it gets the smaller ascending rank, and the smaller descending rank with
 ``descending=True``; it wins a top-k place).
 
+Every function raises what its operator raises, also :class:`~diffrank.operators.memory.DenseMemoryError` (a
+``MemoryError``) where the rows of P a method forms would not fit in memory: the message names the O(n log n)
+methods (``fast_soft_sort``, ``lapsum``, …; :mod:`diffrank.operators.memory`, ``DIFFRANK_MAX_DENSE_BYTES``).
+
 Shapes: the dimension ``dim`` holds the n items; every other dimension is a batch dimension. Internally
 ``dim`` is moved last and the rest flattened into the ``(B, n)`` batch the operators take.
 """
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import itertools
 import numbers
+import operator
 import types
 from typing import Any
 
@@ -132,10 +137,16 @@ def _rows(x: Tensor, dim: int) -> tuple[Tensor, tuple[int, ...], int]:
     normalised to ``[0, x.dim())``.
 
     Raises:
-        TypeError: ``x`` not a tensor. ValueError: a 0-dim ``x`` or n = 0. IndexError: ``dim`` out of range.
+        TypeError: ``x`` not a tensor; ``dim`` not an integer (``dim=1.0``). ValueError: a 0-dim ``x`` or n = 0.
+        IndexError: ``dim`` out of range.
     """
     if not isinstance(x, Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    try:
+        dim = operator.index(dim)  # ints and integer-likes (numpy.int64); 1.0 would fail later as a tuple index
+    except TypeError:
+        raise TypeError(f"dim must be an integer (the dimension that holds the items, as in torch.sort), got "
+                        f"{dim!r} of type {type(dim).__name__}") from None
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension (the items along dim), got a 0-dim tensor")
     if not -x.dim() <= dim < x.dim():
@@ -202,7 +213,8 @@ def soft_sort(x: Tensor, *, method: str | RankingOperator, beta: float | Tensor 
         Same shape and dtype as ``x``.
 
     Raises:
-        TypeError: ``x`` not a tensor or not floating point (the operator's message); ``method`` of another type.
+        TypeError: ``x`` not a tensor or not floating point (the operator's message); ``method`` of another type;
+            a non-integer ``dim``.
         ValueError: a 0-dim ``x``, n = 0, non-finite values, an unknown method name, an operator instance with
             ``beta`` / options, a bad β / option, or an operator without ``"soft_sort"`` (e.g. ``"soft_topk"``,
             ``"difftopk_splitter"``; the operator's message lists what it provides).
@@ -247,7 +259,7 @@ def soft_rank(x: Tensor, *, method: str | RankingOperator, beta: float | Tensor 
         for ``"fast_soft_sort"`` / ``"lapsum"``.
 
     Raises:
-        TypeError: ``x`` not a tensor or not floating point; ``method`` of another type.
+        TypeError: ``x`` not a tensor or not floating point; ``method`` of another type; a non-integer ``dim``.
         ValueError: a 0-dim ``x``, n = 0, non-finite values, an unknown method, an operator instance with
             ``beta`` / options, a bad β / option, or an operator without ``"soft_rank"``.
         IndexError: ``dim`` out of range.
@@ -298,7 +310,8 @@ def topk_membership(x: Tensor, k: int | float | Tensor, *, method: str | Ranking
         ``topk_membership(-x, k, ...)``.
 
     Raises:
-        TypeError: ``x`` not a tensor or not floating point; a k of the wrong type for the method.
+        TypeError: ``x`` not a tensor or not floating point; a k of the wrong type for the method (a per-row or
+            real k is LapSum's: the message says so); a non-integer ``dim``.
         ValueError: a 0-dim ``x``, n = 0, non-finite values, k out of range, a tensor k of another shape, an
             unknown method, an operator instance with ``beta`` / options, an operator without
             ``"topk_membership"`` (e.g. ``"fast_soft_sort"``), or ``hard=True`` with a fractional k.
@@ -358,7 +371,7 @@ def permutation_matrix(x: Tensor, *, method: str | RankingOperator, beta: float 
         ``dim``; dtype of ``x``. ``P[..., r, j]``: the probability that item j has rank r + 1.
 
     Raises:
-        TypeError: ``x`` not a tensor or not floating point; a non-integer k.
+        TypeError: ``x`` not a tensor or not floating point; a non-integer k or ``dim``.
         ValueError: a 0-dim ``x``, n = 0, non-finite values, k outside [1, n], an unknown method, an operator
             instance with ``beta`` / options, or an operator without ``"permutation"`` (``"fast_soft_sort"``,
             ``"soft_topk"``, ``"difftopk_splitter"``).

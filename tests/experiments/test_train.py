@@ -82,8 +82,10 @@ def test_pk_from_command_line(compose_train):
 
 
 def test_every_config_group_option_composes(compose_train):
-    """Every option composes, is the recorded choice, and every ``_target_`` in it names an importable object (a
-    typo would otherwise surface only when a run builds it)."""
+    """Every option composes, is the recorded choice, every ``_target_`` in it names an importable object (a
+    typo would otherwise surface only when a run builds it), and none has a string where its target takes a number
+    (:func:`~diffrank.experiments.run.composition.check_value_types`; ``${oc.env:…}`` values are left alone)."""
+    from diffrank.experiments.run.composition import check_value_types
     from diffrank.registry import locate
 
     def targets(node):
@@ -99,6 +101,7 @@ def test_every_config_group_option_composes(compose_train):
         for opt in options(group):
             cfg = compose_train([f"{group}={opt}"])
             assert cfg.hydra.runtime.choices[group] == opt
+            check_value_types(cfg)
             node = OmegaConf.to_container(cfg.get(group), resolve=False) if cfg.get(group) is not None else None
             for target in targets(node):
                 assert callable(locate(target)), (group, opt, target)

@@ -143,3 +143,20 @@ def test_operator_without_topk_membership_is_rejected():
     with pytest.raises(ValueError, match="needs an operator that provides 'topk_membership'"):
         TopKCrossEntropyLoss(OnlyRanks(), [0.5, 0, 0, 0, 0.5])
     TopKCrossEntropyLoss(OnlyRanks(), [1.0])  # top-1 only needs no operator
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32])
+def test_integer_label_dtypes_are_accepted_as_int64(dtype):
+    """Issue 37: int32 / uint8 labels failed inside gather() or cross_entropy ("expected target dtype to be Long or
+    Byte"); every integer dtype gives the int64 labels' loss (floating labels stay refused)."""
+    from diffrank.losses.newton import NewtonLoss
+
+    x = torch.randn(4, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    y = torch.tensor([1, 2, 3, 0])
+    losses = [TopKCrossEntropyLoss(load("neuralsort"), PK([0.5, 0, 0, 0, 0.5])),
+              TopKCrossEntropyLoss(load("softsort"), PK([0.5, 0.5]), m=4), SoftmaxCrossEntropyLoss(),
+              NewtonLoss(TopKCrossEntropyLoss(load("softsort"), PK([0.5, 0.5]), m=4), variant="fisher", tikhonov=0.1)]
+    for loss in losses:
+        assert torch.equal(loss(x, y.to(dtype)), loss(x, y)), type(loss).__name__
+    with pytest.raises(TypeError, match="integer tensor"):
+        losses[0](x, y.float())

@@ -33,7 +33,7 @@ from diffrank.losses.knn import NeighbourLoss
 from diffrank.losses.newton_closed_forms import softmax_ce_derivatives
 from diffrank.losses.softmax_ce import SoftmaxCrossEntropyLoss
 from diffrank.losses.topk_cross_entropy import TopKCrossEntropyLoss, m_subset
-from diffrank.losses.validation import check_logits_labels
+from diffrank.losses.validation import check_logits_labels, index_labels
 from diffrank.operators.base import raise_failed
 
 VARIANTS = ("hessian", "fisher", "elementwise_hessian")
@@ -315,6 +315,7 @@ class NewtonLoss(nn.Module):
         if self._subset_loss is not None:
             (labels,) = targets
             check_logits_labels(output, labels)
+            labels = index_labels(labels)
             if self.loss.m > output.shape[1]:
                 raise ValueError(f"m-subset size m = {self.loss.m} exceeds the number of classes n = "
                                  f"{output.shape[1]} (set loss.m=null to rank all classes)")

@@ -5,13 +5,14 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from diffrank.losses.validation import check_logits_labels
+from diffrank.losses.validation import check_logits_labels, index_labels
 
 
 class SoftmaxCrossEntropyLoss(nn.Module):
     """Plain softmax cross-entropy with input validation; mean over the batch.
 
-    Call: ``loss(logits (B, n) float, labels (B,) int64)`` → scalar.
+    Call: ``loss(logits (B, n) float, labels (B,) integer)`` → scalar; labels of any integer dtype (cast to
+    int64: :func:`~diffrank.losses.validation.index_labels`).
 
     Raises:
         ValueError / TypeError: bad logits or labels (see ``check_logits_labels``).
@@ -20,4 +21,4 @@ class SoftmaxCrossEntropyLoss(nn.Module):
     def forward(self, logits: Tensor, labels: Tensor) -> Tensor:
         """Cross-entropy of ``logits`` against ``labels``."""
         check_logits_labels(logits, labels)
-        return F.cross_entropy(logits.float() if logits.dtype.itemsize < 4 else logits, labels)
+        return F.cross_entropy(logits.float() if logits.dtype.itemsize < 4 else logits, index_labels(labels))

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from diffrank.losses.pk import PK
-from diffrank.losses.validation import call_operator, logits_labels_checks
+from diffrank.losses.validation import call_operator, index_labels, logits_labels_checks
 from diffrank.operators.base import TOPK_MEMBERSHIP, RankingOperator, raise_failed, require
 
 TOP1_MODES = ("eq4", "sm", "sort")
@@ -68,8 +68,9 @@ class TopKCrossEntropyLoss(nn.Module):
         m: m-subset size (None = rank all n classes). Must satisfy max k < m <= n.
         top1_mode: ``"eq4"`` (paper Eq. 4, reference ``smce``), ``"sm"`` (reference default) or ``"sort"``.
 
-    Call: ``loss(logits (B, n) float, labels (B,) int64)`` → scalar of the logits' dtype (float32 for
-    half-precision logits: the operator runs in float32).
+    Call: ``loss(logits (B, n) float, labels (B,) integer)`` → scalar of the logits' dtype (float32 for
+    half-precision logits: the operator runs in float32). Labels of any integer dtype (cast to int64:
+    :func:`~diffrank.losses.validation.index_labels`).
 
     Raises:
         ValueError: unknown top1_mode, an operator without top-k membership, invalid P_K (see :class:`PK`),
@@ -112,6 +113,7 @@ class TopKCrossEntropyLoss(nn.Module):
         # with an operator the finite check is the operator's (on the scores it ranks): do not repeat it, unless
         # it only sees the m-subset (a -inf logit outside it must still be an error)
         checks = logits_labels_checks(logits, labels, finite=not self._ks or self.m is not None)
+        labels = index_labels(labels)
         n = logits.shape[1]
         if self.p_k.k_max > n:
             raise ValueError(f"P_K puts mass on k = {self.p_k.k_max} > n = {n} classes")

@@ -71,6 +71,24 @@ def logits_labels_checks(logits: Tensor, labels: Tensor, finite: bool = True) ->
     return checks
 
 
+def index_labels(labels: Tensor) -> Tensor:
+    """Class labels in int64, the index dtype of ``gather`` / ``scatter`` and of ``F.cross_entropy``.
+
+    The losses accept labels of every integer dtype (uint8, int8, int16, int32, int64: data sets store labels
+    compactly, numpy defaults to int32 on some platforms) and cast them here, after
+    :func:`logits_labels_checks` refused floating, complex and bool labels; torch's own
+    ``cross_entropy`` takes int64 and uint8 only, and ``gather`` int64 and int32, so without the cast a uint8 or
+    int32 batch failed inside one of them.
+
+    Args:
+        labels: ``(B,)`` integer tensor.
+
+    Returns:
+        ``labels`` itself when already int64, else an int64 copy (same device).
+    """
+    return labels if labels.dtype == torch.int64 else labels.long()
+
+
 def check_logits_labels(logits: Tensor, labels: Tensor) -> None:
     """Validate a classification batch (one host synchronisation for all data-dependent checks).
 

@@ -42,12 +42,16 @@ from torch import Tensor, nn
 from torch._C import _functorch
 
 from diffrank.operators.backend import guarded_call
+from diffrank.operators.memory import check_dense
 
 PERMUTATION = "permutation"
 TOPK_MEMBERSHIP = "topk_membership"
 SOFT_SORT = "soft_sort"
 SOFT_RANK = "soft_rank"
 ALL_CAPABILITIES = frozenset({PERMUTATION, TOPK_MEMBERSHIP, SOFT_SORT, SOFT_RANK})
+
+# the protected hook of each capability but the permutation (RankingOperator._dense_rows: overridden or not)
+_HOOKS = {TOPK_MEMBERSHIP: "_topk_membership", SOFT_SORT: "_soft_sort", SOFT_RANK: "_soft_rank"}
 
 # a data-dependent check: a 0-d bool tensor that is True when the input is valid, and the error otherwise
 Check = tuple[Tensor, Exception]
@@ -223,7 +227,9 @@ def check_k(k: int, n: int) -> int:
     if isinstance(k, bool) or not isinstance(k, (numbers.Integral, torch.SymInt)) and not (
         isinstance(k, Tensor) and k.dim() == 0 and not k.is_floating_point()
     ):
-        raise TypeError(f"k must be an integer, got {k!r}")
+        real = isinstance(k, numbers.Real) and not isinstance(k, bool)
+        hint = " (real-valued k is LapSum's: method='lapsum')" if real else ""
+        raise TypeError(f"k must be an integer, got {k!r}{hint}")
     k = int(k)
     if k < 1 or k > n:
         raise ValueError(f"k must satisfy 1 <= k <= n = {n}, got k = {k}")
@@ -432,9 +438,11 @@ class RankingOperator(nn.Module):
         Raises:
             ValueError / TypeError: bad scores (see :func:`check_scores`) or k (see :func:`check_k`),
                 or an operator without the ``"permutation"`` capability.
+            DenseMemoryError: P's rows would not fit in memory (:mod:`diffrank.operators.memory`).
         """
         n = self._check_call(PERMUTATION, "forward", scores)
         k = None if k is None else check_k(k, n)
+        self._check_memory(PERMUTATION, "forward", scores, k)
         if scores.shape[0] == 0:
             raise_failed(checks)
             return self._empty(scores, n if k is None else k, n)
@@ -454,9 +462,11 @@ class RankingOperator(nn.Module):
 
         Raises:
             ValueError / TypeError: bad scores or ks, or an operator without ``"topk_membership"``.
+            DenseMemoryError: rows of P that would not fit in memory (:mod:`diffrank.operators.memory`).
         """
         n = self._check_call(TOPK_MEMBERSHIP, "topk_membership", scores)
         ks, own = self._check_ks(ks, n, scores)
+        self._check_memory(TOPK_MEMBERSHIP, "topk_membership", scores, ks)
         checks = [*own, *checks]
         if scores.shape[0] == 0:
             raise_failed(checks)
@@ -478,6 +488,7 @@ class RankingOperator(nn.Module):
 
         Raises:
             ValueError / TypeError: bad scores, or an operator without ``"soft_sort"``.
+            DenseMemoryError: rows of P that would not fit in memory (:mod:`diffrank.operators.memory`).
         """
         return self._per_item(SOFT_SORT, "soft_sort", scores, self._soft_sort, checks)
 
@@ -494,6 +505,7 @@ class RankingOperator(nn.Module):
 
         Raises:
             ValueError / TypeError: bad scores, or an operator without ``"soft_rank"``.
+            DenseMemoryError: rows of P that would not fit in memory (:mod:`diffrank.operators.memory`).
         """
         return self._per_item(SOFT_RANK, "soft_rank", scores, self._soft_rank, checks)
 
@@ -503,6 +515,7 @@ class RankingOperator(nn.Module):
         if scores.shape[0] == 0:
             raise_failed(checks)
             return self._empty(scores, n)
+        self._check_memory(capability, method, scores, None)
         return _cast(guarded_call(self, hook, self._compute_input(scores, checks)), scores.dtype)
 
     # -- the hooks a subclass implements ----------------------------------------------------------------
@@ -537,6 +550,39 @@ class RankingOperator(nn.Module):
         return (r.view(-1, 1) * p).sum(dim=-2)
 
     # -- validation -------------------------------------------------------------------------------------
+    def _dense_rows(self, capability: str, n: int, k: int | Sequence[int] | None) -> int | None:
+        """The rows m of the ``(B, m, n)`` buffers (rows of P) that the hook of ``capability`` forms, or None when
+        it forms none (O(n) memory per set: LapSum's, fast soft sort's and the top-k methods' own hooks).
+
+        Default: a permutation (``k`` rows, or n); a top-k membership, soft sort or soft rank whose hook is the
+        default one built from P (``max(ks)`` rows for the top-k, n otherwise); None for a hook a subclass
+        overrides. A subclass whose own hook forms rows of P overrides this (the sorting networks' top-k).
+
+        Args:
+            capability: one of the four.
+            n: items per set.
+            k: ``forward``'s k (None: all n rows), or ``topk_membership``'s validated ks.
+        """
+        if capability == PERMUTATION:
+            return n if k is None else k
+        hook = _HOOKS[capability]
+        if getattr(type(self), hook) is not getattr(RankingOperator, hook):
+            return None
+        return max(k) if capability == TOPK_MEMBERSHIP else n
+
+    def _check_memory(self, capability: str, method: str, scores: Tensor, k: int | Sequence[int] | None) -> None:
+        """Refuse, before allocating, a call whose rows of P cannot fit (:mod:`diffrank.operators.memory`).
+
+        Raises:
+            DenseMemoryError: naming the buffer size, the limit and the O(n log n) methods.
+        """
+        if torch.compiler.is_compiling():  # shapes may be symbolic: a comparison would add guards
+            return
+        rows = self._dense_rows(capability, scores.shape[1], k)
+        if rows is not None:
+            check_dense(type(self).__name__, method, scores.shape[0], rows, scores.shape[1],
+                        compute_dtype(scores.dtype), scores.device)
+
     def _check_call(self, capability: str, method: str, scores: Tensor) -> int:
         """The capability and the data-free checks of the scores (no host synchronisation); returns n."""
         if capability not in self.capabilities:  # the message only when it fails
@@ -582,7 +628,18 @@ class RankingOperator(nn.Module):
 
         A subclass that accepts other ks (LapSum: real k, tensors) overrides this and returns the checks
         it cannot do without reading tensor data, so that they share the single synchronisation.
+
+        Raises:
+            TypeError: a non-integer k, or a 2-D (per-row) or floating tensor of ks (the message says they are
+                LapSum's). ValueError: an empty ks, a k outside [1, n].
         """
+        if isinstance(ks, Tensor) and (ks.dim() > 1 or ks.is_floating_point()):
+            # a (B, M) tensor (one row of ks per set, what topk_membership(x, k=<batch-shaped tensor>) passes) or
+            # real ks: name whose they are rather than failing on the first element ("got tensor([1])")
+            what = "per-row k (one k per set)" if ks.dim() > 1 else "real-valued k"
+            raise TypeError(f"{what} is LapSum's (method='lapsum'); {type(self).__name__} takes one list of integer "
+                            f"ks for the whole batch: got a {ks.dtype} tensor of shape {tuple(ks.shape)}. Group the "
+                            "sets by k and call once per k, or use LapSum")
         ks = [ks] if isinstance(ks, int) else list(ks)
         if not ks:
             raise ValueError("ks must be a non-empty sequence of integers")

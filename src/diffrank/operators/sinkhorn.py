@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -87,6 +88,11 @@ class SinkhornSort(RankingOperator):
         self.backend = check_backend(backend)
         self.schedule = SinkhornSchedule(max_iter, tolerance, check_every, epsilon_start, anneal)
         self.last_iterations = 0
+
+    def _dense_rows(self, capability: str, n: int, k: int | Sequence[int] | None) -> int | None:
+        """All n rows whatever k: the transport plan and its cost matrix are ``(B, n, n)`` before the top rows are
+        cut (:meth:`~diffrank.operators.base.RankingOperator._dense_rows`)."""
+        return None if super()._dense_rows(capability, n, k) is None else n
 
     def _permutation(self, scores: Tensor, k: int | None) -> Tensor:
         """Rows of P = n · Tᵀ from log-domain Sinkhorn (Cuturi et al. 2019). Shapes as in the class docstring."""

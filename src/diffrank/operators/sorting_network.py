@@ -560,6 +560,13 @@ class ComparatorNetwork(RankingOperator):
         w_out = torch.arange(x.shape[1], device=x.device).unsqueeze(0) <= rows.unsqueeze(1)
         return self._rows(x, max(ks), w_out)
 
+    def _dense_rows(self, capability: str, n: int, k: int | Sequence[int] | None) -> int | None:
+        """The top-k forms ``max(ks)`` rows of P (bidirectional evaluation, :meth:`_topk_membership`); the soft sort
+        and soft rank carry values or one row (:meth:`~diffrank.operators.base.RankingOperator._dense_rows`)."""
+        if capability == TOPK_MEMBERSHIP:
+            return max(k)
+        return super()._dense_rows(capability, n, k)
+
     def _soft_sort(self, x: Tensor) -> Tensor:
         """The network's output wires (= P @ s), without forming P: O(L·B·n)."""
         net = build(self.network, x.shape[1])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import DATA, real_data
 from diffrank.experiments.data.images import (
     ImageDataModule,
     MultiPassSampler,
@@ -223,3 +224,51 @@ def test_cifar100_rows_of_the_wrong_width_are_named(root, tmp_path):
     with pytest.raises(ValueError, match=r"cifar-100-python/test: b'data' has shape \(50, 1000\), expected "
                                          r"\(N, 3072\)"):
         load_image_arrays("cifar100", tmp_path, train=False)
+
+
+def test_gzip_file_under_the_uncompressed_name_is_named(root, tmp_path):
+    """Issue 37: a .gz archive saved as train-images-idx3-ubyte gave torchvision's bare AssertionError."""
+    import gzip
+
+    for folder, name, train in (("MNIST", "mnist", True), ("cifar-100-python", "cifar100", False)):
+        target = _copy(root, tmp_path, folder)
+        path = target / "raw" / "train-images-idx3-ubyte" if name == "mnist" else target / "test"
+        path.write_bytes(gzip.compress(path.read_bytes()))
+        with pytest.raises(ValueError, match=rf"{path.name}: is gzip-compressed.*gunzip {path}.gz"):
+            load_image_arrays(name, tmp_path, train=train)
+
+
+def test_canonical_size_file_with_zeroed_pixels_is_refused(tmp_path):
+    """Issue 37 case 5: an MNIST train-images file of the right size with zeroed pixels trained to 9.70 % and was
+    recorded as done. A file of the canonical size is compared with the canonical md5; another data set's file is
+    named as such; a constant image set of any size is refused."""
+    import numpy as np
+
+    from diffrank.experiments.data.images import CANONICAL_MD5
+    from experiments.data.image_files import write_idx
+
+    write_mnist(tmp_path, "MNIST", n_train=60, n_test=60)
+    raw = tmp_path / "MNIST" / "raw"
+    write_idx(raw / "train-images-idx3-ubyte", np.zeros((60000, 28, 28)))  # 47 040 016 bytes, as the real one
+    with pytest.raises(ValueError, match=r"train-images-idx3-ubyte: has the size of the canonical mnist file but md5 "
+                                         rf"\w+, not {CANONICAL_MD5['mnist']['train-images-idx3-ubyte']}: it is "
+                                         r"corrupt or altered"):
+        load_image_arrays("mnist", tmp_path, train=True)
+    write_idx(raw / "t10k-images-idx3-ubyte", np.zeros((60, 28, 28)))  # not the canonical size: no md5
+    with pytest.raises(ValueError, match=r"t10k-images-idx3-ubyte.*every pixel of all 60 images is 0"):
+        load_image_arrays("mnist", tmp_path, train=False)
+
+
+@real_data("MNIST", "raw")
+@real_data("FashionMNIST", "raw")
+def test_real_files_match_the_canonical_md5_and_swapped_sets_are_named(tmp_path):
+    """The real files pass the check; Fashion-MNIST's labels under MNIST/raw are named as Fashion-MNIST's."""
+    import shutil
+
+    for name in ("mnist", "fashion_mnist"):
+        load_image_arrays(name, DATA, train=False)
+    raw = tmp_path / "MNIST" / "raw"
+    shutil.copytree(DATA / "MNIST" / "raw", raw)
+    shutil.copy(DATA / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte", raw / "t10k-labels-idx1-ubyte")
+    with pytest.raises(ValueError, match=r"t10k-labels-idx1-ubyte: .* it is fashion_mnist's file"):
+        load_image_arrays("mnist", tmp_path, train=False)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from diffrank.experiments.data.samplers import EpochSampler
+from diffrank.experiments.data.samplers import EpochSampler, check_one_batch
 
 
 def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
@@ -89,7 +89,9 @@ class DigitsDataModule(L.LightningDataModule):
         num_classes: 10 or 100. image_shape: (1, 8, 8) or (1, 8, 16).
 
     Raises:
-        ValueError: bad fractions, or num_classes / image_shape that disagree with the data.
+        ValueError: bad fractions, an empty split (``n_train`` / ``n_val`` / ``n_test`` < 1 with ``pairs``), or
+            num_classes / image_shape that disagree with the data; (``train_dataloader``) a training split smaller
+            than one batch.
     """
 
     def __init__(self, pairs: bool = False, n_train: int = 20000, n_val: int = 2000, n_test: int = 5000,
@@ -99,6 +101,10 @@ class DigitsDataModule(L.LightningDataModule):
         super().__init__()
         self.pairs = bool(pairs)
         self.n_train, self.n_val, self.n_test = int(n_train), int(n_val), int(n_test)
+        empty = [f"data.{k}={v}" for k, v in (("n_train", n_train), ("n_val", n_val), ("n_test", n_test)) if int(v) < 1]
+        if self.pairs and empty:  # an empty split failed inside numpy's indexing (IndexError) when composed
+            raise ValueError(f"{', '.join(empty)}: every split needs at least one pair (the validation split selects "
+                             "the checkpoint, the test split is what the run reports); use a positive count")
         self.fractions = tuple(float(f) for f in fractions)
         if abs(sum(self.fractions) - 1) > 1e-6 or min(self.fractions) <= 0:
             raise ValueError(f"fractions must be three positive numbers summing to 1, got {fractions}")
@@ -140,7 +146,13 @@ class DigitsDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         """Shuffled training batches (order from ``(seed, epoch)``; last partial batch dropped, as the reference
-        scripts do)."""
+        scripts do).
+
+        Raises:
+            ValueError: a training split smaller than one batch (no step would be taken).
+        """
+        check_one_batch(len(self.splits["train"]), self.batch_size, "data.n_train" if self.pairs else
+                        "data.fractions[0] of the 1 797 digits")
         return self._loader("train", True)
 
     def val_dataloader(self) -> DataLoader:

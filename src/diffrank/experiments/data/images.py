@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from diffrank.experiments.data.samplers import EpochSampler
+from diffrank.experiments.data.samplers import EpochSampler, check_one_batch
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,23 @@ IMAGE_SETS = {
 }
 _CIFAR = {"cifar10": "CIFAR10", "cifar100": "CIFAR100"}
 
+# size in bytes and md5 of each canonical uncompressed idx file (the official .gz archives, whose md5s torchvision
+# lists in MNIST.resources / FashionMNIST.resources, gunzipped): a file of that size under that name claims to be the
+# canonical one, so another md5 means it was altered (zeroed pixels, flipped bytes) or is the other data set's
+_IDX_SIZES = {"train-images-idx3-ubyte": 47040016, "train-labels-idx1-ubyte": 60008,
+              "t10k-images-idx3-ubyte": 7840016, "t10k-labels-idx1-ubyte": 10008}
+CANONICAL_MD5 = {
+    "mnist": {"train-images-idx3-ubyte": "6bbc9ace898e44ae57da46a324031adb",
+              "train-labels-idx1-ubyte": "a25bea736e30d166cdddb491f175f624",
+              "t10k-images-idx3-ubyte": "2646ac647ad5339dbf082846283269ea",
+              "t10k-labels-idx1-ubyte": "27ae3e4e09519cfbb04c329615203637"},
+    "fashion_mnist": {"train-images-idx3-ubyte": "f4a8712d7a061bf5bd6d2ca38dc4d50a",
+                      "train-labels-idx1-ubyte": "9018921c3c673c538a1fc5bad174d6f9",
+                      "t10k-images-idx3-ubyte": "8181f5470baa50b63fa0f6fddb340f0a",
+                      "t10k-labels-idx1-ubyte": "15d484375f8d13e6eb1aabb0c3f46965"},
+}
+_GZIP_MAGIC = b"\x1f\x8b"
+
 
 def missing_files(name: str, data_dir: str | Path) -> list[Path]:
     """Files of dataset ``name`` that are absent under ``data_dir`` (MNIST idx files must be extracted).
@@ -91,7 +108,8 @@ def load_image_arrays(name: str, data_dir: str | Path, train: bool, download: bo
     Raises:
         KeyError: unknown name.
         FileNotFoundError: files missing and ``download`` false; the message names them and the source.
-        ValueError: a file that is truncated or not in the official format, images of another shape, or labels
+        ValueError: a file that is truncated, gzip-compressed, not in the official format, of the canonical size
+            but another md5 (:func:`check_idx_files`), images of another shape or all of one value, or labels
             outside ``0 … num_classes - 1``; the message names the file(s).
     """
     import torchvision
@@ -116,6 +134,7 @@ def load_image_arrays(name: str, data_dir: str | Path, train: bool, download: bo
         files = [folder / n for n in names]
     else:
         files = [folder / f for f in spec.files if f.startswith("train-" if train else "t10k-")]
+        check_idx_files(name, files, spec.url)
         try:
             ds = getattr(torchvision.datasets, spec.torchvision_class)(root=str(data_dir), train=train,
                                                                        download=download)
@@ -127,6 +146,57 @@ def load_image_arrays(name: str, data_dir: str | Path, train: bool, download: bo
     return images, labels
 
 
+def _md5(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.md5(usedforsecurity=False)
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def refuse_gzip(path: Path, what: str) -> None:
+    """Refuse a gzip archive stored under the uncompressed name (the parsers otherwise fail on its first bytes with
+    a bare ``AssertionError`` or an unpickling error).
+
+    Raises:
+        ValueError: naming the file and the command that unpacks it.
+    """
+    with path.open("rb") as f:
+        if f.read(2) == _GZIP_MAGIC:
+            raise ValueError(f"{path}: is gzip-compressed (a .gz archive under the uncompressed name); the reader "
+                             f"needs the uncompressed {what}: mv {path} {path}.gz && gunzip {path}.gz")
+
+
+def check_idx_files(name: str, files: list[Path], source: str) -> None:
+    """What can be checked of MNIST-format files before they are parsed: a gzip archive under the uncompressed name
+    (torchvision's parser only asserted on its magic number), and, for a file of the canonical size, its md5
+    (:data:`CANONICAL_MD5`; test files in the format have other sizes and are not compared).
+
+    Args:
+        name: ``"mnist"`` or ``"fashion_mnist"``.
+        files: the idx files of one split.
+        source: where the official files come from, for the message.
+
+    Raises:
+        ValueError: a gzip-compressed file (the message says how to unpack it), or a file of the canonical size
+            whose md5 differs (naming the file, both md5s, and the other data set when it is that one's).
+    """
+    for path in files:
+        if not path.is_file():
+            continue  # download=true fetches it
+        refuse_gzip(path, "idx file")
+        if name not in CANONICAL_MD5 or path.stat().st_size != _IDX_SIZES.get(path.name):
+            continue
+        digest, expected = _md5(path), CANONICAL_MD5[name][path.name]
+        if digest != expected:
+            other = [o for o, sums in CANONICAL_MD5.items() if o != name and sums.get(path.name) == digest]
+            what = f"it is {other[0]}'s file" if other else "it is corrupt or altered (zeroed pixels, flipped bytes)"
+            raise ValueError(f"{path}: has the size of the canonical {name} file but md5 {digest}, not {expected}: "
+                             f"{what}; replace it with the official file (source {source})")
+
+
 def unreadable(files: list[Path], what: str, error: BaseException, source: str) -> ValueError:
     """The error for data files that exist but cannot be parsed: names them, the parser's complaint and where the
     official files come from (truncated downloads and other formats are the usual causes)."""
@@ -136,11 +206,12 @@ def unreadable(files: list[Path], what: str, error: BaseException, source: str) 
 
 
 def check_split(name: str, images: Tensor, labels: Tensor, files: list[Path]) -> None:
-    """Refuse a split whose images are not ``(N, *image_shape)`` or whose labels are not ``N`` values in
-    ``0 … num_classes - 1`` of dataset ``name`` (out-of-range labels otherwise fail deep inside a metric).
+    """Refuse a split whose images are not ``(N, *image_shape)``, whose labels are not ``N`` values in
+    ``0 … num_classes - 1`` of dataset ``name`` (out-of-range labels otherwise fail deep inside a metric), or whose
+    images are all one constant value (a zeroed file of the right size trained to chance and was recorded as done).
 
     Raises:
-        ValueError: naming ``files``, the shapes, and how many labels are out of range.
+        ValueError: naming ``files``, the shapes, how many labels are out of range, or the constant pixel value.
     """
     spec = IMAGE_SETS[name]
     where = ", ".join(str(f) for f in files)
@@ -152,6 +223,9 @@ def check_split(name: str, images: Tensor, labels: Tensor, files: list[Path]) ->
         raise ValueError(f"{where}: {int(bad.sum())} of {len(labels)} labels outside 0..{spec.num_classes - 1} "
                          f"(range [{int(labels.min())}, {int(labels.max())}]); the file is corrupt or of "
                          f"another dataset")
+    if len(images) > 1 and bool((images == images.reshape(-1)[0]).all()):
+        raise ValueError(f"{where}: every pixel of all {len(images)} images is {int(images.reshape(-1)[0])}: the "
+                         "images carry nothing to learn (a zeroed or blank file); replace it with the official file")
 
 
 def _read_cifar_batch(path: Path, label_key: bytes, source: str) -> tuple[Tensor, Tensor]:
@@ -159,6 +233,7 @@ def _read_cifar_batch(path: Path, label_key: bytes, source: str) -> tuple[Tensor
     # torchvision's reader also demands the official files' MD5 sums, which rules out test files in the format
     import pickle
 
+    refuse_gzip(path, "CIFAR batch")
     try:
         with path.open("rb") as f:
             batch = pickle.load(f, encoding="bytes")
@@ -330,7 +405,12 @@ class ImageDataModule(L.LightningDataModule):
         return DataLoader(self.splits[name], batch_size=self.eval_batch_size, num_workers=self.num_workers)
 
     def train_dataloader(self) -> DataLoader:
-        """Training batches of ``batch_size``, ``passes_per_epoch`` shuffled passes (order from (seed, epoch))."""
+        """Training batches of ``batch_size``, ``passes_per_epoch`` shuffled passes (order from (seed, epoch)).
+
+        Raises:
+            ValueError: a training split smaller than one batch (no step would be taken).
+        """
+        check_one_batch(len(self.splits["train"]), self.batch_size, "the training files minus data.val_size")
         sampler = MultiPassSampler(len(self.splits["train"]), self.seed, self.passes, self.batch_size)
         return DataLoader(self.splits["train"], batch_size=self.batch_size, sampler=sampler, drop_last=True,
                           num_workers=self.num_workers, generator=torch.Generator().manual_seed(self.seed))

@@ -75,3 +75,21 @@ class EpochSampler(Sampler):
 
     def __len__(self) -> int:
         return self.n if self._batch is None else math.ceil(self.n / self._batch)
+
+
+def check_one_batch(n: int, batch_size: int, size_key: str) -> None:
+    """Refuse a training split smaller than one batch where the last partial batch is dropped: it yields no batch,
+    and the run would take no step (Lightning then ran 0 steps and the run failed for want of a validation,
+    advising a longer ``trainer.max_epochs``, which cannot help).
+
+    Args:
+        n: training items. batch_size: items per step (per device).
+        size_key: the config key that sets ``n`` (``data.n_train``), for the message.
+
+    Raises:
+        ValueError: ``n < batch_size``; the message names both keys and the fix.
+    """
+    if n < batch_size:
+        raise ValueError(f"the training set ({size_key}: {n} items) is smaller than one batch (data.batch_size="
+                         f"{batch_size}) and the last partial batch is dropped, so no training step would be taken; "
+                         f"use {size_key} >= {batch_size} or data.batch_size <= {n}")

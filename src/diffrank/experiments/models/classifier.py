@@ -48,7 +48,8 @@ class TopKClassifier(ConfiguredModule):
     process only sees the history stored in the tested checkpoint.
 
     Raises:
-        ValueError: an empty ``topk`` (after dropping k > num_classes) or an unknown ``ties``.
+        ValueError: an empty ``topk``, a k outside ``1 … num_classes`` (top-200 of 100 classes cannot be computed;
+            the message names ``model.topk``), or an unknown ``ties``.
     """
 
     def __init__(self, net: nn.Module, loss: Callable[[Tensor, Tensor], Tensor], optimizer: Callable,
@@ -58,10 +59,16 @@ class TopKClassifier(ConfiguredModule):
         self.save_hyperparameters(logger=False, ignore=["net", "loss"])
         self.net = net
         self.loss = loss
-        self.topk = [k for k in topk if k <= num_classes]
-        if not self.topk or ties not in ("later", "earlier"):
-            raise ValueError(f"need some k <= num_classes = {num_classes} (got topk={list(topk)}) and ties in "
-                             f"('later', 'earlier') (got {ties!r})")
+        self.topk = [int(k) for k in topk]
+        # a k that cannot be computed is refused, not dropped: model.topk=[1,200] with 100 classes recorded no
+        # top-200 and said nothing
+        bad = [k for k in self.topk if not 1 <= k <= num_classes]
+        if bad or not self.topk:
+            raise ValueError(f"model.topk={list(topk)}: top-k accuracy needs 1 <= k <= the number of classes, "
+                             f"{num_classes} here (data.num_classes); {bad or 'an empty list'} cannot be computed. "
+                             f"Use ks in 1..{num_classes}")
+        if ties not in ("later", "earlier"):
+            raise ValueError(f"ties must be 'later' or 'earlier', got {ties!r}")
         stages = ("val", "test", "epoch_test") if test_each_epoch else ("val", "test")
         self.metrics = nn.ModuleDict({
             f"{stage}_top{k}": MulticlassAccuracy(num_classes=num_classes, top_k=k, average="micro")

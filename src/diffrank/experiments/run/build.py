@@ -47,7 +47,7 @@ def build(cfg: DictConfig, info: dict[str, Any]) -> Built:
     Raises:
         ValueError: unknown or incompatible choices, or a global batch that the world size does not divide.
     """
-    cfg, used = prepare(cfg, info["choices"])
+    cfg, used = prepare(cfg, info["choices"], info.get("overrides") or ())
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data)

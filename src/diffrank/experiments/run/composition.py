@@ -8,6 +8,13 @@ Hydra merge the row's parameters (β, sigmoid) into LapSum's config and carry th
 is not the row's method, so :func:`check_row_method` refuses it and names the row's protocol, which runs any
 method with the table's settings. What a row runs is thus exactly its yaml and its protocol.
 
+**Keys and values.** Hydra accepts ``+key=value`` for any top-level key and carries it along unread: the typo
+``+operater=neuralsort`` (Hydra's own suggestion for ``operater=…``) trained the default Sinkhorn, ``+max_epochs=3``
+the default budget. :func:`check_new_keys` refuses a top-level key that no config defines and nothing reads, naming
+the nearest known key. :func:`check_value_types` refuses a string where a number is meant (``seed=abc``,
+``model.optimizer.lr=abc``) before anything is built, naming the key: the numbers of ``configs/train.yaml`` by
+their defaults' types, every other value by the annotation of the ``_target_`` parameter it is passed to.
+
 **Used groups.** The ``operator`` and ``pk`` groups are read only through interpolation (``operator: ${operator}``,
 ``p_k: ${pk}`` in a loss yaml). A group that the built loss does not hold (P_K in a sorting run, the operator with
 ``loss=softmax_ce``) is dropped from the config and from the recorded choices.
@@ -16,9 +23,11 @@ method with the table's settings. What a row runs is thus exactly its yaml and i
 from __future__ import annotations
 
 import copy
+import difflib
+from collections.abc import Sequence
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import InterpolationKeyError
 
 from diffrank.registry import config_dir, load_yaml
@@ -91,6 +100,154 @@ def check_row_method(cfg: DictConfig, choices: dict[str, Any]) -> None:
         f"Run {instead}")
 
 
+# top-level keys that the code reads although no config defines them (given as +key=value)
+READ_WITHOUT_DEFAULT = ("resume_with_changes",)
+
+
+def known_top_level_keys() -> set[str]:
+    """The top-level keys a run may have: those of ``configs/train.yaml``, the config groups (folders of the config
+    directory: ``+loss=<name>`` adds a group), ``hydra`` and :data:`READ_WITHOUT_DEFAULT`."""
+    import yaml
+
+    root = config_dir()
+    own = yaml.safe_load((root / "train.yaml").read_text(encoding="utf-8")) or {}
+    groups = {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))}
+    return {*own, *groups, "hydra", *READ_WITHOUT_DEFAULT} - {"defaults"}
+
+
+def _leaf_paths(node: Any, prefix: str = "") -> list[str]:
+    """Dotted paths of every key under ``node`` (a DictConfig), without resolving interpolations."""
+    out = []
+    for key in node.keys() if isinstance(node, DictConfig) else ():
+        path = f"{prefix}{key}"
+        out.append(path)
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):
+            out.extend(_leaf_paths(child, f"{path}."))
+    return out
+
+
+def check_new_keys(cfg: DictConfig, overrides: Sequence[str]) -> None:
+    """Refuse a top-level key added on the command line (``+key=value`` / ``++key=value``) that is none of
+    :func:`known_top_level_keys`: nothing would read it, and the run would silently train without it.
+
+    Args:
+        cfg: the composed config (the key is in it).
+        overrides: Hydra's task overrides (``hydra.overrides.task``).
+
+    Raises:
+        ValueError: naming the key and the nearest known key (``trainer.max_epochs`` for ``+max_epochs=3``,
+            ``operator`` for ``+operater=…``).
+    """
+    known = None
+    for override in overrides:
+        if not override.startswith("+"):
+            continue
+        key, _, value = override.lstrip("+").partition("=")
+        if "." in key or "@" in key or not key:
+            continue
+        known = known if known is not None else known_top_level_keys()
+        if key in known:
+            continue
+        paths = [p for p in _leaf_paths(cfg) if p != key and not p.startswith("hydra.")]
+        nested = [p for p in paths if p.rsplit(".", 1)[-1] == key]
+        near = nested or difflib.get_close_matches(key, sorted(known - {"hydra"}), n=1, cutoff=0.6) or \
+            difflib.get_close_matches(key, paths, n=1, cutoff=0.6)
+        hint = f"did you mean {near[0]}={value}? " if near else ""
+        raise ValueError(
+            f"{override}: '{key}' is no key of this config and nothing reads it, so the run would go on without "
+            f"it; {hint}Top-level keys: {', '.join(sorted(known - {'hydra'}))} (a nested setting goes under its "
+            "group, e.g. trainer.max_epochs=3)")
+
+
+def _numeric_only(annotation: Any) -> bool:
+    """Whether a parameter annotation admits numbers (or tensors, None) only: a string passed there is an error."""
+    import numbers
+    import types
+    import typing
+
+    import torch
+
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+    else:
+        members = [annotation]
+    return bool(members) and all(isinstance(a, type) and (issubclass(a, (numbers.Number, torch.Tensor)))
+                                 for a in members)
+
+
+def _parameter_types(target: str) -> dict[str, Any]:
+    """The annotations of the parameters of a ``_target_`` (a class's ``__init__`` or a function); ``{}`` where
+    they cannot be read (the target does not import, or its annotations do not evaluate)."""
+    import inspect
+    import typing
+
+    from diffrank.registry import locate
+
+    try:
+        obj = locate(target)
+        fn = obj.__init__ if inspect.isclass(obj) else obj
+        return typing.get_type_hints(fn)
+    except Exception:  # noqa: BLE001 - only a help for the message: the build reports a target that fails
+        return {}
+
+
+def check_value_types(cfg: DictConfig) -> None:
+    """Refuse, before anything is built, a string where a number is meant: a top-level key whose
+    ``configs/train.yaml`` default is a number or a bool (``seed=abc``), or a key of a ``_target_`` node whose
+    parameter is annotated with numbers (or tensors) only (``model.optimizer.lr=abc``: ``torch.optim.Adam``'s
+    ``lr: float | Tensor``). Without this the run failed deep inside the optimiser or the seeding with a bare
+    Python error (``'<=' not supported between 'float' and 'str'``) that named no key. Interpolated values are not
+    checked (``${oc.env:…}`` yields strings that their target converts; ``${seed}`` is checked at ``seed``).
+
+    Raises:
+        ValueError: naming the key, the value and what it takes.
+    """
+    import yaml
+
+    own = yaml.safe_load((config_dir() / "train.yaml").read_text(encoding="utf-8")) or {}
+    for key, default in own.items():
+        if isinstance(default, (bool, int, float)) and isinstance(cfg.get(key), str):
+            kind = "true or false" if isinstance(default, bool) else \
+                "an integer" if isinstance(default, int) else "a number"
+            raise ValueError(f"{key}={cfg.get(key)}: {key} takes {kind} (configs/train.yaml: {key}: "
+                             f"{str(default).lower() if isinstance(default, bool) else default}), not a string")
+    _check_target_values(cfg, "")
+
+
+def _check_target_values(node: Any, prefix: str) -> None:
+    """:func:`check_value_types` for the ``_target_`` nodes under ``node`` (recursively; not ``hydra``)."""
+    if isinstance(node, ListConfig):
+        for i in range(len(node)):
+            _check_target_values(node._get_node(i), f"{prefix}{i}.")
+        return
+    if not isinstance(node, DictConfig):
+        return
+    types_ = _parameter_types(str(node.get("_target_"))) if "_target_" in node else {}
+    for key in node:
+        if prefix == "" and key == "hydra":
+            continue
+        child = node._get_node(key)
+        if isinstance(child, (DictConfig, ListConfig)):
+            _check_target_values(child, f"{prefix}{key}.")
+            continue
+        # an interpolation is left alone: ${oc.env:SLURM_NNODES,1} is a string the target converts, and ${seed}
+        # is checked where it is set
+        if key not in types_ or not _numeric_only(types_[key]) or OmegaConf.is_interpolation(node, key):
+            continue
+        value = node[key]
+        if isinstance(value, str):
+            kind = "true or false" if types_[key] is bool else "a number"
+            raise ValueError(
+                f"{prefix}{key}={value}: {node.get('_target_')} takes {kind} for '{key}' "
+                f"({_annotation_text(types_[key])}), not the string {value!r}. Pass {kind}: {prefix}{key}=<value>")
+
+
+def _annotation_text(annotation: Any) -> str:
+    return str(annotation).replace("typing.", "").replace("torch.Tensor", "Tensor").replace("<class '", "") \
+        .replace("'>", "")
+
+
 def drop_unused_groups(cfg: DictConfig, choices: dict[str, Any], loss: Any) -> dict[str, Any]:
     """Set every group of :data:`INTERPOLATED_GROUPS` that the built ``loss`` does not hold to ``None`` (in place):
     ``operator`` unless the loss has an ``operator``, ``pk`` unless it has a ``p_k``; without a loss (``None``: the
@@ -110,20 +267,26 @@ def drop_unused_groups(cfg: DictConfig, choices: dict[str, Any], loss: Any) -> d
     return {k: v for k, v in choices.items() if k not in unused}
 
 
-def prepare(cfg: DictConfig, choices: dict[str, Any]) -> tuple[DictConfig, dict[str, Any]]:
-    """The config :func:`diffrank.experiments.run.train.train` runs: a copy of ``cfg``, checked for a loss, a selection
-    metric and a row's own method (:func:`check_row_method`).
+def prepare(cfg: DictConfig, choices: dict[str, Any],
+            overrides: Sequence[str] = ()) -> tuple[DictConfig, dict[str, Any]]:
+    """The config :func:`diffrank.experiments.run.train.train` runs: a copy of ``cfg``, checked for unknown
+    top-level keys (:func:`check_new_keys`), strings where numbers are meant (:func:`check_value_types`), a loss,
+    a selection metric and a row's own method (:func:`check_row_method`).
 
     Args:
         cfg: the composed ``configs/train.yaml``.
         choices: Hydra's ``runtime.choices`` (``{}`` without HydraConfig).
+        overrides: Hydra's task overrides (``[]`` without HydraConfig).
 
     Returns:
         ``(cfg, {"choices": choices})``; :func:`drop_unused_groups` later trims the choices.
 
     Raises:
-        ValueError: no loss, no ``optimized_metric``, or a paper row with another method (the message names the fix).
+        ValueError: an unknown top-level key, a string for a number, no loss, no ``optimized_metric``, or a paper
+            row with another method (the message names the key or the fix).
     """
+    check_new_keys(cfg, overrides)
+    check_value_types(cfg)
     cfg = copy.deepcopy(cfg)
     model = choices.get("model", "<model>")
     if cfg.get("loss") is None and "algorithm" not in (cfg.get("model") or {}):

@@ -1,0 +1,120 @@
+"""The memory check of the operators that form rows of P (diffrank.operators.memory): a call whose (B, m, n)
+buffers cannot fit is refused before anything is allocated, with a message naming the O(n log n) methods; the
+methods it names form no such buffer; small calls read nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import diffrank.functional as F
+from conftest import ROOT
+from diffrank.operators import available, load, memory
+from diffrank.operators.base import PERMUTATION
+from diffrank.operators.memory import ENV, LOW_MEMORY_METHODS, DenseMemoryError, parse_bytes
+
+
+def test_neuralsort_soft_rank_of_30000_items_is_refused_under_the_limit(monkeypatch):
+    """Issue 37's command: F.soft_rank(torch.randn(1, 30000), method="neuralsort") under a 2 GB limit was killed by
+    the OOM killer (rc 137) with no message; it is refused before allocating, naming sizes, limit and methods."""
+    monkeypatch.setenv(ENV, "2G")
+    with pytest.raises(DenseMemoryError) as e:
+        F.soft_rank(torch.randn(1, 30000), method="neuralsort")
+    msg = str(e.value)
+    assert "NeuralSort.soft_rank" in msg and "(1, 30000, 30000)" in msg and "3.4 GiB" in msg
+    assert "2.0 GiB limit set by DIFFRANK_MAX_DENSE_BYTES=2G" in msg
+    assert "fast_soft_sort, lapsum" in msg and "O(n log n)" in msg
+    assert isinstance(e.value, MemoryError)
+    # the O(n log n) method it names runs at that size
+    assert F.soft_rank(torch.randn(1, 30000), method="lapsum").shape == (1, 30000)
+
+
+def test_every_dense_path_is_refused_and_the_cheap_ones_are_not(monkeypatch):
+    """Every capability that forms rows of P is refused at n = 30 000 under a 1 GiB limit (Sinkhorn even for the top
+    k rows: its plan is n x n); a top-k of k = 5 rows of a k-row operator fits; the methods the messages name form
+    no (B, m, n) buffer for that capability (the list in diffrank.operators.memory is checked here)."""
+    monkeypatch.setenv(ENV, "1G")
+    x = torch.randn(1, 30000)
+    assert load("sinkhorn")._dense_rows(PERMUTATION, 30000, 5) == 30000
+    for name, method, args in (("sinkhorn", "forward", (5,)), ("softsort", "soft_sort", ()),
+                               ("neuralsort", "topk_membership", ([20000],)),
+                               ("diffsort_bitonic", "topk_membership", ([20000],)),
+                               ("relaxed_bubble_sort", "soft_rank", ())):
+        op = load(name)
+        with pytest.raises(DenseMemoryError, match=f"{type(op).__name__}.{method} on 1 set"):
+            (op if method == "forward" else getattr(op, method))(x, *args)
+    assert load("softsort")(x, 5).shape == (1, 5, 30000)  # 5 rows of 30 000: 1.1 MB
+    ops = {name: load(name) for name in available()}
+    for capability, names in LOW_MEMORY_METHODS.items():
+        for name in names:
+            assert capability in ops[name].capabilities, (capability, name)
+            assert ops[name]._dense_rows(capability, 30000, [5]) is None, (capability, name)
+
+
+def test_small_calls_read_nothing_and_the_limit_parses(monkeypatch):
+    """Below 256 MiB of buffers no limit is read (no cost at the sizes of a training step), whatever the variable
+    says; the variable takes bytes with binary suffixes or 'inf', and names itself when malformed."""
+    def fail(_device):
+        raise AssertionError("read the available memory for a small call")
+
+    monkeypatch.setattr(memory, "available_bytes", fail)
+    monkeypatch.setenv(ENV, "1K")
+    assert F.soft_rank(torch.randn(64, 100), method="neuralsort").shape == (64, 100)
+    assert parse_bytes("8G") == 8 * 2**30 and parse_bytes("512MiB") == 512 * 2**20 and parse_bytes("100") == 100
+    assert parse_bytes("inf") == float("inf")
+    monkeypatch.setenv(ENV, "lots")
+    with pytest.raises(ValueError, match="DIFFRANK_MAX_DENSE_BYTES='lots'"):
+        F.soft_rank(torch.randn(1, 30000), method="neuralsort")
+
+
+def test_without_the_variable_the_limit_is_the_memory_left(monkeypatch):
+    """No variable: the memory left on the device is the limit (here a machine with 2 GiB available)."""
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(memory, "_mem_available", lambda: 2 * 2**30)
+    monkeypatch.setattr(memory, "_cgroup_left", lambda: None)
+    monkeypatch.setattr(memory, "_address_space_left", lambda: None)
+    with pytest.raises(DenseMemoryError, match=r"more than the 2.0 GiB memory left on cpu"):
+        F.soft_rank(torch.randn(1, 30000), method="neuralsort")
+    monkeypatch.setattr(memory, "_mem_available", lambda: None)  # nothing readable: no check
+    assert memory.available_bytes(torch.device("cpu")) is None
+
+
+def test_on_cuda_the_limit_is_the_free_memory_plus_the_unused_cache(monkeypatch):
+    """The CUDA branch (no GPU needed: torch.cuda's readers stubbed): free bytes plus reserved-but-unallocated."""
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (3 * 2**30, 80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 2 * 2**30)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 2**30)
+    cuda = torch.device("cuda", 0)
+    assert memory.available_bytes(cuda) == 4 * 2**30
+    with pytest.raises(DenseMemoryError, match=r"more than the 4.0 GiB memory left on cuda:0.*fast_soft_sort, lapsum"):
+        memory.check_dense("NeuralSort", "soft_rank", 1, 30000, 30000, torch.float32, cuda)
+    memory.check_dense("NeuralSort", "soft_rank", 1, 10000, 10000, torch.float32, cuda)  # 1.1 GiB: fits
+
+
+@pytest.mark.slow  # ~6 s: a fresh interpreter imports torch
+def test_under_a_ulimit_the_call_is_refused_not_killed():
+    """Issue 37's command in a process whose address space is limited to 2 GiB beyond what it maps (ulimit -v):
+    refused with the message. Before, the same call raised torch's bare "can't allocate" (or, under a cgroup limit,
+    was OOM-killed)."""
+    code = textwrap.dedent("""
+        import os, resource, torch
+        import diffrank.functional as F
+        from diffrank.operators.memory import DenseMemoryError
+        os.environ.pop("DIFFRANK_MAX_DENSE_BYTES", None)
+        vm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
+        resource.setrlimit(resource.RLIMIT_AS, (vm + 2 * 2**30, resource.RLIM_INFINITY))
+        try:
+            F.soft_rank(torch.randn(1, 30000), method="neuralsort")
+        except DenseMemoryError as e:
+            print("REFUSED", e)
+    """)
+    env = {"PYTHONPATH": f"{ROOT / 'src'}", "DIFFRANK_CONFIG_DIR": str(ROOT / "configs"), "OMP_NUM_THREADS": "1",
+           "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert "REFUSED NeuralSort.soft_rank" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert "memory left on cpu" in out.stdout and "fast_soft_sort, lapsum" in out.stdout
