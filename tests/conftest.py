@@ -32,6 +32,16 @@ def real_data(*parts: str):
                               reason=f"needs $DIFFRANK_DATA/{'/'.join(parts)} (a real data set)")
 
 
+def load_deterministic(name: str, **overrides):
+    """``diffrank.operators.load(name, **overrides)`` in evaluation mode, for the registry-driven tests that call an
+    operator several times and compare (contract, fuzz matrix, gradcheck): a stochastic operator
+    (``gumbel_sinkhorn``, ``neuralsort_stochastic``) draws its noise only in training mode, so it is its noiseless
+    relaxation here; every other operator ignores the mode (tests/operators/test_stochastic.py checks both)."""
+    from diffrank.operators import load
+
+    return load(name, **overrides).eval()
+
+
 def options(group: str) -> list[str]:
     """Option names of a config group, found recursively (the config folder is the registry):
     ``options("experiment")`` holds ``sorting/mnist``, ``sorting/thesis_t3_7/odd_even_cauchy_n5``, …"""

@@ -8,7 +8,8 @@ import torch
 from torch.autograd import gradcheck
 
 import diffrank.functional as F
-from diffrank.operators import available, load
+from conftest import load_deterministic as load  # stochastic operators without noise (conftest)
+from diffrank.operators import available
 from diffrank.operators.base import PERMUTATION, SOFT_RANK, SOFT_SORT, TOPK_MEMBERSHIP, RankingOperator
 from diffrank.operators.fast_soft_sort import FastSoftSort
 from diffrank.operators.lapsum import LapSum

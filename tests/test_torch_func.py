@@ -26,19 +26,21 @@ import sys
 import pytest
 import torch
 
+from conftest import load_deterministic as load  # stochastic operators without noise (conftest)
 from diffrank import functional as F
-from diffrank.operators import available, load
+from diffrank.operators import available
 from diffrank.operators.base import DoubleBackwardError
 
 # the methods whose CPU path is PyTorch operations only: torch.compile(fullgraph=True) must trace them. Not here
 # (docs/api.md, "torch.compile and torch.func"): the numba paths (fast_soft_sort, lapsum, sparse_soft_topk), SOFT
 # top-k (a data-dependent stop) and the networks (layers built with numpy on first use; a custom forward-mode rule)
-PURE_TORCH = {"neuralsort", "softsort", "sinkhorn", "relaxed_bubble_sort", "dftopk"}
+PURE_TORCH = {"neuralsort", "softsort", "sinkhorn", "relaxed_bubble_sort", "dftopk", "gumbel_sinkhorn",
+              "neuralsort_stochastic"}
 
 # Sinkhorn runs a fixed number of iterations here: its default stopping rule reads the marginal error on the host,
 # which fullgraph cannot trace and which stops a batch where its worst row converges (a loop over samples stops each
 # where it converges); the default is covered by test_sinkhorn_with_a_tolerance
-OPTIONS = {"sinkhorn": {"tolerance": None, "max_iter": 60}}
+OPTIONS = {"sinkhorn": {"tolerance": None, "max_iter": 60}, "gumbel_sinkhorn": {"tolerance": None, "max_iter": 60}}
 
 FUNCTIONS = {"soft_rank": "soft_rank", "soft_sort": "soft_sort", "topk_membership": "topk_membership",
              "permutation_matrix": "permutation"}

@@ -18,7 +18,9 @@ requires grad (a learnable temperature, for the operators whose ``learnable_beta
 "Learnable temperature") builds a fresh, uncached operator each call, so that ∂/∂β reaches the tensor; the other
 methods refuse it with a ``ValueError``. ``method`` may also
 be an already-built :class:`~diffrank.operators.base.RankingOperator`, used as is (then ``beta`` and
-``**options`` must not be given).
+``**options`` must not be given). Operators built here are in evaluation mode: the stochastic methods
+(``"gumbel_sinkhorn"``, ``"neuralsort_stochastic"``) then draw no noise unless ``noise=True`` is passed
+(:mod:`diffrank.operators.gumbel`), and ``samples`` must stay 1 (the functions keep ``x``'s shape).
 
 ``hard=True`` is the straight-through estimator: the forward value is the exact hard result, the backward
 pass the relaxation's gradient (``hard + (soft - soft.detach())``). Ties in the hard forward are broken as
@@ -56,7 +58,8 @@ def _operator(method: str | RankingOperator, beta: float | Tensor | None, option
     """The operator ``method`` names (built by :func:`diffrank.operators.load`, cached) or ``method`` itself.
 
     Raises:
-        ValueError: an operator instance together with ``beta`` or options; an unknown name (from ``load``,
+        ValueError: an operator instance together with ``beta`` or options; ``samples`` other than 1 (option or
+            instance); an unknown name (from ``load``,
             which lists the known ones); a bad β or option (from the operator's constructor), a β that requires
             grad for an operator that cannot learn it.
         TypeError: ``method`` neither a name nor a :class:`RankingOperator`.
@@ -66,21 +69,32 @@ def _operator(method: str | RankingOperator, beta: float | Tensor | None, option
         if given:
             raise ValueError(f"method is an operator instance ({type(method).__name__}); {', '.join(given)} "
                              "must not be given with it (set them when building the operator)")
+        if getattr(method, "samples", 1) != 1:
+            raise ValueError(f"method has samples={method.samples}: the functional API returns x's shape, without "
+                             "the leading samples dimension; call the operator itself")
         return method
     if not isinstance(method, str):
         raise TypeError(f"method must be an operator name (str) or a RankingOperator, got {type(method).__name__}")
+    if options.get("samples", 1) != 1:
+        raise ValueError(f"samples={options['samples']!r}: the functional API returns x's shape, without the leading "
+                         "samples dimension of samples > 1; call the operator itself (diffrank.operators.load)")
     if isinstance(beta, Tensor) and beta.requires_grad:
         # a learnable β: the operator keeps the tensor in the caller's graph, so a cached one would hold a stale
         # graph (and the refusal of a non-learnable operator comes from its constructor)
-        return load(method, **options, beta=beta)
+        return _build(method, {**options, "beta": beta})
     if beta is not None:
         options = {**options, "beta": float(beta)}
     key = (method, tuple(sorted(options.items())))
     try:
         hash(key)
     except TypeError:  # an unhashable option value: build without caching
-        return load(method, **options)
+        return _build(method, options)
     return getattr(_BUILT, _cache_operator(key))
+
+
+def _build(method: str, options: dict[str, Any]) -> RankingOperator:
+    """``load(method, **options)`` in evaluation mode (the module docstring: no noise unless asked for)."""
+    return load(method, **options).eval()
 
 
 def _cache_operator(key: tuple[str, tuple[tuple[str, Any], ...]]) -> str:
@@ -95,7 +109,7 @@ def _cache_operator(key: tuple[str, tuple[tuple[str, Any], ...]]) -> str:
     not: a second method in one compiled function would miss)."""
     if key not in _CACHE:
         method, options = key
-        op = load(method, **dict(options))
+        op = _build(method, dict(options))
         if len(_CACHE) >= _CACHE_SIZE:
             delattr(_BUILT, _CACHE.pop(next(iter(_CACHE))))  # the oldest entry
         _CACHE[key] = f"op{next(_SERIAL)}"

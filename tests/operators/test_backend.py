@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from conftest import CONFIGS, options
-from diffrank.operators import load
+from conftest import load_deterministic as load  # stochastic operators without noise (conftest)
 from diffrank.operators.backend import check_backend, use_triton
 
 WITH_BACKEND = [n for n in options("operator")

@@ -15,7 +15,8 @@ import pytest
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
-from diffrank.operators import available, load
+from conftest import load_deterministic as load  # stochastic operators without noise (conftest)
+from diffrank.operators import available
 from diffrank.operators.base import (
     ALL_CAPABILITIES,
     PERMUTATION,

@@ -31,7 +31,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from diffrank.operators import available, load
+from conftest import load_deterministic as load  # stochastic operators without noise (conftest)
+from diffrank.operators import available
 from diffrank.operators.base import PERMUTATION, SOFT_RANK, SOFT_SORT, TOPK_MEMBERSHIP
 from diffrank.operators.fast_soft_sort import FastSoftSort
 from diffrank.operators.lapsum import LapSum
@@ -41,10 +42,10 @@ DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 REL_TOL = {torch.float16: 4e-3, torch.bfloat16: 2e-2, torch.float32: 1e-4, torch.float64: 1e-9}
 INVARIANT_TOL = {torch.float16: 4e-3, torch.bfloat16: 2e-2, torch.float32: 1e-4, torch.float64: 1e-9}
 MAX_N = {PERMUTATION: 48, SOFT_SORT: 48, SOFT_RANK: 48, TOPK_MEMBERSHIP: 1000}
-MAX_N_OPERATOR = {"sinkhorn": 64}
+MAX_N_OPERATOR = {"sinkhorn": 64, "gumbel_sinkhorn": 64}
 # iterative solvers stop at a marginal tolerance, not at the roundoff
-SOLVER_TOL = {"sinkhorn": 1e-2, "soft_topk": 1e-5}
-SCALE_INVARIANT = {"sinkhorn"}  # standardises the scores first: β acts on the standardised scores
+SOLVER_TOL = {"sinkhorn": 1e-2, "gumbel_sinkhorn": 1e-2, "soft_topk": 1e-5}
+SCALE_INVARIANT = {"sinkhorn", "gumbel_sinkhorn"}  # standardises the scores first: β acts on the standardised scores
 LIMIT_WORDS = ("range", "limit", "overflow", "exceed", "finite", "too large", "too small")
 EXAMPLES = 100
 # settings beyond a config's defaults that take another code path, fuzzed as operators of their own:

@@ -90,9 +90,11 @@ class SortingBCELoss(nn.Module):
             or ``"ce_rows"`` (LapSum's permutation CE, rows: ``-(1/n) Σ_r log P[r, item of rank r]``);
             the CE forms are averaged over the batch too.
 
-    ``forward(scores (B, n) float, values (B, n)) -> scalar``. P is clamped to [0, 1] before the logs
-    (sums of float rounding can leave it a hair outside) and logs are floored at -100 like ``BCELoss``
-    (and at log of the dtype's smallest normal number, -87.3 in float32, so that gradients stay finite).
+    ``forward(scores (B, n) float, values (B, n)) -> scalar``. A stochastic operator with ``samples`` S > 1 gives P
+    of shape ``(S, B, n, n)`` (:mod:`diffrank.operators.gumbel`): the loss is then the mean over the samples too.
+    P is clamped to [0, 1] before the logs (sums of float rounding can leave it a hair outside) and logs are floored
+    at -100 like ``BCELoss`` (and at log of the dtype's smallest normal number, -87.3 in float32, so that gradients
+    stay finite).
 
     Raises:
         ValueError: an operator without ``"permutation"`` (message lists what it provides), an unknown
@@ -120,7 +122,9 @@ class SortingBCELoss(nn.Module):
         if self.form == "bce":
             log_1mp = torch.log((1 - p).clamp_min(tiny)).clamp_min(_LOG_CLAMP)
             return -(q * log_p + (1 - q) * log_1mp).mean()
-        picked = (q * log_p).sum(dim=1 if self.form == "ce" else 2)  # (B, n): per column / per row
+        # (B, n) per column / per row; negative dims so that a P with a leading samples dimension (S, B, n, n) of a
+        # stochastic operator broadcasts against Q and the mean runs over the samples too
+        picked = (q * log_p).sum(dim=-2 if self.form == "ce" else -1)
         return -picked.mean()
 
 

@@ -512,9 +512,10 @@ class RankingOperator(nn.Module):
 
     def _topk_membership(self, x: Tensor, ks: list[int]) -> Tensor:
         """Default: cumulative sums of the top ``max(ks)`` rows of P (Petersen et al. 2022, Eq. 2, inner
-        sum Σ_{r<=k} P_{r,j}). Returns ``(B, len(ks), n)``."""
-        csum = self._permutation(x, max(ks)).cumsum(dim=1)
-        return csum.index_select(1, self._rows_index(ks, x.device))
+        sum Σ_{r<=k} P_{r,j}). Returns ``(B, len(ks), n)`` (``(S, B, len(ks), n)`` for a P with a leading samples
+        dimension: the rows are always the second-to-last dimension)."""
+        csum = self._permutation(x, max(ks)).cumsum(dim=-2)
+        return csum.index_select(-2, self._rows_index(ks, x.device))
 
     def _rows_index(self, ks: Sequence[int], device: torch.device) -> Tensor:
         """The int64 rows ``k - 1`` on ``device``, cached: a fresh host-to-device copy each call would be a
@@ -526,14 +527,14 @@ class RankingOperator(nn.Module):
         return cache[key]
 
     def _soft_sort(self, x: Tensor) -> Tensor:
-        """Default: ``P @ s``, ``(B, n)``."""
+        """Default: ``P @ s``, ``(B, n)`` (``(S, B, n)`` for a P with a leading samples dimension)."""
         return (self._permutation(x, None) @ x.unsqueeze(-1)).squeeze(-1)
 
     def _soft_rank(self, x: Tensor) -> Tensor:
-        """Default: ``Σ_r r · P[r, j]``, ``(B, n)``."""
+        """Default: ``Σ_r r · P[r, j]``, ``(B, n)`` (``(S, B, n)`` for a P with a leading samples dimension)."""
         p = self._permutation(x, None)
         r = torch.arange(1, x.shape[1] + 1, dtype=p.dtype, device=p.device)
-        return (r.view(1, -1, 1) * p).sum(dim=1)
+        return (r.view(-1, 1) * p).sum(dim=-2)
 
     # -- validation -------------------------------------------------------------------------------------
     def _check_call(self, capability: str, method: str, scores: Tensor) -> int:

@@ -90,20 +90,29 @@ class SinkhornSort(RankingOperator):
 
     def _permutation(self, scores: Tensor, k: int | None) -> Tensor:
         """Rows of P = n · Tᵀ from log-domain Sinkhorn (Cuturi et al. 2019). Shapes as in the class docstring."""
-        B, n = scores.shape
+        self._check_range(scores)
+        if scores.shape[1] == 1:
+            return torch.ones_like(scores).unsqueeze(-1) + 0 * scores.unsqueeze(-1)
+        return self._plan(self._cost(scores), k)
+
+    def _check_range(self, scores: Tensor) -> None:
+        """Refuse a β beyond the compute dtype's range (see the class docstring, Raises)."""
         unit = torch.finfo(scores.dtype).eps / 2
-        learnable = isinstance(self.beta, Tensor)
-        beta = float(self.beta.detach()) if learnable else self.beta  # its value, for the checks and messages
+        beta = float(self.beta.detach()) if isinstance(self.beta, Tensor) else self.beta
         if unit * beta > MAX_ROUNDING:
             # the log-domain plan (f + g - C) / ε rounds f, g, C (all O(1)) to u and divides by ε = 1/β: its
             # entries carry errors of u·β, and past ~0.1 the marginals stop converging (rows summing to 186 at
             # β = 1e9 in float32, no error raised, before this check)
             raise ValueError(f"beta={beta:g} is out of {str(scores.dtype).removeprefix('torch.')}'s range for "
-                             f"SinkhornSort: the log-domain plan carries rounding errors of u·β = "
+                             f"{type(self).__name__}: the log-domain plan carries rounding errors of u·β = "
                              f"{unit * beta:.2g} (u = {unit:.2g}), so its marginals cannot converge; use "
                              f"beta <= {MAX_ROUNDING / unit:.3g}, or float64 scores")
-        if n == 1:
-            return torch.ones(B, 1, 1, dtype=scores.dtype, device=scores.device) + 0 * scores.unsqueeze(-1)
+
+    @staticmethod
+    def _cost(scores: Tensor) -> Tensor:
+        """The cost C[i, r] = (x̂_i − y_r)² ``(B, items, ranks)`` in [0, 1] of scores ``(B, n)``, n >= 2 (module
+        docstring: squashed points x̂, targets y_r = 1 − r/(n−1))."""
+        n = scores.shape[1]
         # standardised without a floor on std (one of 1e-6 squashed every set spread by less to 0.5: a uniform P
         # whatever β) and without squaring raw scores (1e20 overflows float32): divide by the largest |s - mean|
         # first, which the result does not depend on. A set of equal scores maps to 0 with finite gradients.
@@ -114,16 +123,23 @@ class SinkhornSort(RankingOperator):
         std = torch.where(var > 0, var, torch.ones_like(var)).sqrt()
         x = torch.sigmoid(c / std * (math.pi / math.sqrt(3.0)))
         y = 1.0 - torch.arange(n, device=scores.device, dtype=scores.dtype) / (n - 1)
-        cost = (x.unsqueeze(-1) - y.view(1, 1, n)) ** 2  # (B, items, ranks)
-        log_w = scores.new_full((1, n), -math.log(n))
+        return (x.unsqueeze(-1) - y.view(1, 1, n)) ** 2
+
+    def _plan(self, cost: Tensor, k: int | None) -> Tensor:
+        """Rows of P = n · Tᵀ ``(R, k or n, n)`` for a cost ``(R, items, ranks)`` whose entries are O(1) (the ε
+        schedule takes 1 as the cost scale); warns when the item marginals miss the tolerance."""
+        n = cost.shape[-1]
+        learnable = isinstance(self.beta, Tensor)
+        log_w = cost.new_full((1, n), -math.log(n))
         # the squashed points and the targets lie in [0, 1], so the cost scale of the ε schedule is 1
         log_t, self.last_iterations, err = log_sinkhorn(cost, log_w, log_w, 1.0 / self.beta, self.schedule, 1.0,
-                                                        kernel=not learnable and use_triton(self.backend, scores))
+                                                        kernel=not learnable and use_triton(self.backend, cost))
         tolerance = self.schedule.tolerance
         if tolerance is not None and not err < tolerance:  # also NaN: the check itself overflowed
-            warnings.warn(f"SinkhornSort did not converge: item-marginal error {err:.2e} > tolerance {tolerance:g} "
-                          f"after {self.last_iterations} iterations (beta={beta:g}, n={n}); rows of P may not "
-                          "sum to 1: raise max_iter or lower beta", RuntimeWarning, stacklevel=3)
+            beta = float(self.beta.detach()) if learnable else self.beta
+            warnings.warn(f"{type(self).__name__} did not converge: item-marginal error {err:.2e} > tolerance "
+                          f"{tolerance:g} after {self.last_iterations} iterations (beta={beta:g}, n={n}); rows of P "
+                          "may not sum to 1: raise max_iter or lower beta", RuntimeWarning, stacklevel=4)
         p = (log_t + math.log(n)).exp().transpose(1, 2)
         return p if k is None else p[:, :k]
 
