@@ -38,7 +38,8 @@ REPRESENTATIVE = ["sorting/thesis_t3_7/odd_even_cauchy_n5", "sorting/thesis_t3_3
                   "sorting/thesis_t3_5/bitonic_lambda04_n64_b4", "sorting/thesis_t2_1/relaxed_bubble_sort_n5",
                   "sorting/thesis_t7_2/resgro_n5", "sorting/thesis_t7_3/neuralsort_n5_hessian",
                   "sorting/thesis_t7_3/odd_even_cauchy_n10_fisher", "sorting/lapsum_t4/row_stochastic_n3",
-                  "sorting/lapsum_t4/sinkhorn_n5"]
+                  "sorting/lapsum_t4/sinkhorn_n5", "sorting/lapsum_t4/gumbel_sinkhorn_n3",
+                  "sorting/thesis_t3_3/neuralsort_stochastic_n5"]
 # LapSum Table 4 has no EM5 column: its rows draw no 5-sets and select on the validation EM at n (authors' code)
 T4 = "sorting/lapsum_t4/"
 # Table 7.3's Hessian rows of the sorting networks: the fused network has no double backward, so they run the

@@ -42,9 +42,10 @@ SIGMOIDS = {"logistic": ("logistic", 1.0, "logistic", "Diffsort (Logistic)"),
             "optimal": ("optimal", 1.0, "optimal", "Optimal Sigmoid")}
 ART_METHOD = {"odd_even": "ART (odd-even)", "bitonic": "ART (bitonic)"}
 # baselines without a published temperature: τ = 1 (β = 1) for NeuralSort / SoftSort / LapSum (LapSum's
-# script: α = 1), ε = 0.01 on the squashed scores for Sinkhorn (its config default), ε = 1 for Fast Sort & Rank
+# script: α = 1), ε = 0.01 on the squashed scores for Sinkhorn (its config default), ε = 1 for Fast Sort & Rank;
+# the stochastic variants at their deterministic twin's β, so that they differ from it only by the noise
 BASELINE_BETA = {"neuralsort": 1.0, "softsort": 1.0, "sinkhorn": 100.0, "fast_soft_sort": 1.0, "lapsum": 1.0,
-                 "neuralsort_stochastic": 1.0, "gumbel_sinkhorn": 1.0}
+                 "neuralsort_stochastic": 1.0, "gumbel_sinkhorn": 100.0}
 # the stochastic baselines' samples per set: Grover et al.'s run_sort.py default (n_s = 5), for both
 STOCHASTIC = {"neuralsort_stochastic": {"samples": 5}, "gumbel_sinkhorn": {"samples": 5}}
 BASELINES_33 = (("neuralsort_stochastic", "Stoch. NeuralSort"), ("neuralsort", "Det. NeuralSort"),
