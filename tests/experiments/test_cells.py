@@ -77,3 +77,9 @@ def test_command_line_dry_run(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("done") and out[1].startswith("new")
     assert out[1].endswith("experiment=e operator.beta=30 seed=1 paths.data_dir=D trainer.max_steps=5")
+
+
+def test_command_line_queues_several_cells_in_order(tmp_path, capsys):
+    assert cells.main(["a", "b", "--seeds", "0,1", "--out", str(tmp_path), "--dry-run", "--", "x=1"]) == {"jobs": 4}
+    folders = [line.split()[1] for line in capsys.readouterr().out.splitlines()]
+    assert folders == [str(tmp_path / e / f"seed{s}") for e in ("a", "b") for s in (0, 1)]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
 
 from diffrank.losses.sorting import (
     BubbleSwapLoss,
+    RowSoftmaxCELoss,
     SoftRankMSELoss,
     SortingBCELoss,
     permutation_matrix,
@@ -118,3 +120,28 @@ def test_bubble_swap_loss_counts_inversions_and_rejects_other_operators():
     assert abs(loss(values.flip(1).clone(), values).item() - 6.0) < 1e-4     # reversed: n(n-1)/2 inversions
     with pytest.raises(ValueError, match="relaxed_bubble_sort"):
         BubbleSwapLoss(NeuralSort())
+
+
+def test_row_softmax_ce_by_hand_and_minimal_at_the_true_order():
+    values = torch.tensor([[20, 50, 10]])  # rank 1 = item 1, rank 2 = item 0, rank 3 = item 2
+    logits = torch.tensor([[[0.0, 2.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 3.0]]], dtype=torch.float64)
+    e = math.e
+    expected = -((2 - math.log(2 + e ** 2)) + (1 - math.log(e + 2)) + (3 - math.log(2 + e ** 3))) / 3
+    assert RowSoftmaxCELoss()(logits, values).item() == pytest.approx(expected, rel=1e-12)
+    q = permutation_matrix(values, torch.float64)
+    assert RowSoftmaxCELoss()(50 * q, values).item() < 1e-12  # the true permutation's logits: loss -> 0
+    cycle = torch.tensor([[20, 10, 50]])  # a 3-cycle: Q^T (rows = items) is another permutation
+    q3 = permutation_matrix(cycle, torch.float64)
+    assert RowSoftmaxCELoss()(50 * q3.transpose(1, 2), cycle).item() > 10
+    assert torch.autograd.gradcheck(lambda x: RowSoftmaxCELoss()(x, values), logits.clone().requires_grad_())
+
+
+def test_row_softmax_ce_rejects_bad_input():
+    with pytest.raises(ValueError, match=r"\(B, n, n\)"):
+        RowSoftmaxCELoss()(torch.zeros(2, 3), torch.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"\(B, n, n\)"):
+        RowSoftmaxCELoss()(torch.zeros(2, 3, 4), torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="non-finite"):
+        RowSoftmaxCELoss()(torch.full((1, 2, 2), float("nan")), torch.zeros(1, 2))
+    with pytest.raises(ValueError, match="non-finite"):
+        RowSoftmaxCELoss()(torch.zeros(1, 2, 2), torch.tensor([[float("inf"), 0.0]]))

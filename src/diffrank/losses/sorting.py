@@ -9,6 +9,9 @@ Ties among true values are broken by item index (stable sort), as in :mod:`diffr
   log at -100), or the column-wise cross-entropy of thesis Eq. 3.12, ``-(1/n) Σ_c log P[π(c), c]``
   (``form="ce"``; with ``"ce_rows"`` the row-wise form of LapSum's permutation loss, ``-(1/n) Σ_r log
   P[r, π⁻¹(r)]``).
+- :class:`RowSoftmaxCELoss` (``loss=sort_rows_ce``): no operator: n × n logits predicted by the network itself,
+  a softmax over each row and the row-wise cross-entropy against Q (the vanilla row-stochastic baseline of
+  Grover et al. 2019, §6.1).
 - :class:`BubbleSwapLoss` (``loss=sort_swaps``): the relaxed number of swaps the relaxed bubble sort makes on
   the scores listed in their true order (thesis §2.3, Table 2.1): 0 exactly when the scores are sorted.
 - :class:`SoftRankMSELoss` (``loss=sort_rank_mse``): mean squared error between soft ranks and the true
@@ -123,6 +126,38 @@ class SortingBCELoss(nn.Module):
         # stochastic operator broadcasts against Q and the mean runs over the samples too
         picked = (q * log_p).sum(dim=-2 if self.form == "ce" else -1)
         return -picked.mean()
+
+
+class RowSoftmaxCELoss(nn.Module):
+    """Row-wise cross-entropy of row-softmaxed logits against the true permutation: ``-(1/n) Σ_r log
+    softmax(L[r])[item of rank r + 1]``, averaged over the batch.
+
+    Grover et al. (ICLR 2019), §6.1, the vanilla row-stochastic (RS) baseline (their ``run_sort.py``:
+    ``softmax_cross_entropy_with_logits`` over the last axis, mean over rows and sets); quoted by LapSum (ICML
+    2025) Table 4. Rows are ranks (row 0 = the largest value), columns items, as Q
+    (:func:`permutation_matrix`). No ranking operator: the network outputs the logits
+    (:class:`diffrank.experiments.models.sorting.RowStochasticNet`).
+
+    ``forward(logits (B, n, n) float, values (B, n)) -> scalar`` (dtype of ``logits``; float32 for half precision).
+    Computed by ``log_softmax``, so finite for any finite logits.
+
+    Raises:
+        ValueError: logits not ``(B, n, n)`` with ``values`` ``(B, n)``, or non-finite logits / values.
+    """
+
+    def forward(self, logits: Tensor, values: Tensor) -> Tensor:
+        """Scalar loss; one host synchronisation (the finiteness check)."""
+        if logits.dim() != 3 or values.dim() != 2 or tuple(logits.shape) != (*values.shape, values.shape[1]):
+            raise ValueError(f"logits must be (B, n, n) and values (B, n), got {tuple(logits.shape)} and "
+                             f"{tuple(values.shape)}")
+        ok = torch.isfinite(logits).all()
+        if values.is_floating_point():
+            ok = ok & torch.isfinite(values).all()
+        if not bool(ok):
+            raise ValueError("logits or values contain non-finite entries (NaN or inf)")
+        logits = _full_precision(logits)
+        n = values.shape[1]
+        return F.cross_entropy(logits.reshape(-1, n), true_order(values).reshape(-1))
 
 
 class BubbleSwapLoss(nn.Module):

@@ -52,7 +52,7 @@ def test_em5_is_em_on_5_sets_and_small_n():
 
 
 def test_bad_input():
-    with pytest.raises(ValueError, match="both be"):
+    with pytest.raises(ValueError, match=r"must be \(B, n\) or \(B, n, n\)"):
         ExactMatch().update(torch.zeros(2, 3), torch.zeros(2, 4))
     with pytest.raises(ValueError, match="non-finite"):
         ElementWiseAccuracy().update(torch.tensor([[0.0, float("nan")]]), torch.tensor([[1, 2]]))
@@ -61,3 +61,19 @@ def test_bad_input():
 def test_states_sum_under_ddp():
     m = ExactMatch()
     assert m._reductions["correct"].__name__ == m._reductions["total"].__name__ == "dim_zero_sum"
+
+
+def test_rank_by_item_logits_are_read_row_by_row():
+    """(B, n, n) logits (row r = rank r + 1, largest first): the predicted item of each rank is its row's argmax
+    (Grover et al.'s prop_correct); a matrix that is no permutation still scores its right rows."""
+    values = torch.tensor([[10, 30, 20], [10, 30, 20]])  # ranks: item 1, item 2, item 0
+    right = torch.eye(3)[[1, 2, 0]]
+    twice = torch.eye(3)[[1, 1, 0]]  # rank 2 wrongly item 1 as well
+    logits = torch.stack([right, twice])
+    assert correct_positions(logits, values).tolist() == [[True] * 3, [True, False, True]]
+    em, ew = ExactMatch(), ElementWiseAccuracy()
+    em.update(logits, values)
+    ew.update(logits, values)
+    assert em.compute().item() == pytest.approx(1 / 2) and ew.compute().item() == pytest.approx(5 / 6)
+    with pytest.raises(ValueError, match=r"\(B, n, n\)"):
+        correct_positions(torch.zeros(2, 3, 2), values)

@@ -23,8 +23,10 @@ from torchmetrics import Metric
 
 
 def _check(scores: Tensor, values: Tensor) -> None:
-    if scores.dim() != 2 or scores.shape != values.shape:
-        raise ValueError(f"scores and values must both be (B, n), got {tuple(scores.shape)} and {tuple(values.shape)}")
+    b_n = tuple(values.shape)
+    if values.dim() != 2 or tuple(scores.shape) not in (b_n, (*b_n, b_n[-1])):
+        raise ValueError(f"scores must be (B, n) or (B, n, n) and values (B, n), got {tuple(scores.shape)} and "
+                         f"{tuple(values.shape)}")
     if scores.is_floating_point() and not bool(torch.isfinite(scores).all()):
         raise ValueError("scores contain non-finite values (NaN or inf)")
 
@@ -33,17 +35,24 @@ def correct_positions(scores: Tensor, values: Tensor) -> Tensor:
     """Which sorted positions hold the right item: ``argsort(scores) == argsort(values)`` (both stable).
 
     Args:
-        scores: ``(B, n)`` predicted scores (any real dtype).
+        scores: ``(B, n)`` predicted scores (any real dtype), or ``(B, n, n)`` rank-by-item logits or
+            probabilities (row r = rank r + 1, rank 1 = largest; the vanilla row-stochastic net,
+            :class:`diffrank.experiments.models.sorting.RowStochasticNet`): the predicted item of rank r is the
+            argmax of row r (Grover et al. 2019's ``prop_correct``; the rows need not form a permutation).
         values: ``(B, n)`` true values (int or float).
 
     Returns:
-        ``(B, n)`` bool.
+        ``(B, n)`` bool, by ascending sorted position.
 
     Raises:
-        ValueError: shape mismatch, not 2-D, or non-finite scores.
+        ValueError: shape mismatch, not 2-D values, or non-finite scores.
     """
     _check(scores, values)
-    return torch.argsort(scores, dim=1, stable=True) == torch.argsort(values, dim=1, stable=True)
+    truth = torch.argsort(values, dim=1, stable=True)
+    if scores.dim() == 3:
+        # row r predicts the item of descending rank r, i.e. of ascending position n-1-r
+        return scores.argmax(dim=2).flip(1) == truth
+    return torch.argsort(scores, dim=1, stable=True) == truth
 
 
 class FractionMetric(Metric):
@@ -67,7 +76,8 @@ class FractionMetric(Metric):
 class ExactMatch(FractionMetric):
     """EM: fraction of sets whose predicted order equals the true order.
 
-    ``update(scores (B, n), values (B, n))``. EM5 is this metric fed with 5-sets.
+    ``update(scores (B, n) or (B, n, n), values (B, n))`` (:func:`correct_positions`). EM5 is this metric fed
+    with 5-sets.
     """
 
     def update(self, scores: Tensor, values: Tensor) -> None:
@@ -81,7 +91,7 @@ class ElementWiseAccuracy(FractionMetric):
     """EW: fraction of (set, sorted position) pairs holding the right item, i.e. the mean over sets of
     (1/n)·#correct positions (all sets of one run have the same n).
 
-    ``update(scores (B, n), values (B, n))``.
+    ``update(scores (B, n) or (B, n, n), values (B, n))`` (:func:`correct_positions`).
     """
 
     def update(self, scores: Tensor, values: Tensor) -> None:

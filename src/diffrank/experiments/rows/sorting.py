@@ -10,8 +10,8 @@ rows).
 Sources: thesis Tables 2.1 (§2.3: relaxed bubble sort, with the Det. NeuralSort and Optimal Transport
 baselines), 3.3, 3.4 (SVHN), 3.5, 3.6, 3.7, 7.2 (RESGRO) and 7.3 (Regular and Newton-loss rows), the β of
 Table 3.8 read from ``sorting_thesis_table3_8_beta.csv`` and the ART rule β = 2 · layers; LapSum (ICML 2025)
-Table 4. SVHN rows (name prefix ``svhn_``) use the MNIST β of Table 3.8 where the thesis gives none. Not
-generated: stochastic NeuralSort (no operator).
+Table 4 (all six methods). SVHN rows (name prefix ``svhn_``) use the MNIST β of Table 3.8 where the thesis gives
+none.
 
 Usage: ``python -m diffrank.experiments.rows.sorting [--out DIR]`` (rewrites the table folders (:data:`FOLDERS`)
 of :func:`diffrank.registry.config_dir`, the checkout's ``configs/`` in an editable install; commit them).
@@ -42,10 +42,14 @@ SIGMOIDS = {"logistic": ("logistic", 1.0, "logistic", "Diffsort (Logistic)"),
             "optimal": ("optimal", 1.0, "optimal", "Optimal Sigmoid")}
 ART_METHOD = {"odd_even": "ART (odd-even)", "bitonic": "ART (bitonic)"}
 # baselines without a published temperature: τ = 1 (β = 1) for NeuralSort / SoftSort / LapSum (LapSum's
-# script: α = 1), ε = 0.01 on the squashed scores for Sinkhorn (its config default), ε = 1 for Fast Sort & Rank
-BASELINE_BETA = {"neuralsort": 1.0, "softsort": 1.0, "sinkhorn": 100.0, "fast_soft_sort": 1.0, "lapsum": 1.0}
-BASELINES_33 = (("neuralsort", "Det. NeuralSort"), ("sinkhorn", "Optimal Transport"),
-                ("fast_soft_sort", "Fast Sort & Rank"))
+# script: α = 1), ε = 0.01 on the squashed scores for Sinkhorn (its config default), ε = 1 for Fast Sort & Rank;
+# the stochastic variants at their deterministic twin's β, so that they differ from it only by the noise
+BASELINE_BETA = {"neuralsort": 1.0, "softsort": 1.0, "sinkhorn": 100.0, "fast_soft_sort": 1.0, "lapsum": 1.0,
+                 "neuralsort_stochastic": 1.0, "gumbel_sinkhorn": 100.0}
+# the stochastic baselines' samples per set: Grover et al.'s run_sort.py default (n_s = 5), for both
+STOCHASTIC = {"neuralsort_stochastic": {"samples": 5}, "gumbel_sinkhorn": {"samples": 5}}
+BASELINES_33 = (("neuralsort_stochastic", "Stoch. NeuralSort"), ("neuralsort", "Det. NeuralSort"),
+                ("sinkhorn", "Optimal Transport"), ("fast_soft_sort", "Fast Sort & Rank"))
 LOSS = {"fast_soft_sort": "sort_rank_mse",  # operators without P train on soft ranks
         "relaxed_bubble_sort": "sort_swaps"}  # thesis §2.3: the relaxed swap count is the loss
 # thesis Table 7.3's Newton-loss rows: paper method -> the newton group's choice
@@ -95,7 +99,7 @@ def baseline_rows(table: str, protocol: str, methods: tuple[tuple[str, str], ...
     """NeuralSort / Sinkhorn / Fast Sort & Rank rows of Tables 3.3, 3.4, 3.7."""
     return [_row(f"thesis_t{table.replace('.', '_')}/{_prefix(protocol)}{op}_n{n}", f"{method}, n = {n}", op,
                 {"paper": THESIS, "table": table, "dataset": _dataset(protocol), "method": method, "n": n}, n,
-                protocol, {"beta": BASELINE_BETA[op]}, settings)
+                protocol, {"beta": BASELINE_BETA[op], **STOCHASTIC.get(op, {})}, settings)
             for op, method in methods for n in ns]
 
 
@@ -146,8 +150,7 @@ def table_2_1() -> list[Row]:
                   params={"beta": 8.0, "sigmoid": "logistic", "early_exit": True},
                   settings={"model.optimizer.lr": 1e-4, "trainer.max_steps": 150000})
               for n in (3, 5, 7)]
-    baselines = baseline_rows("2.1", "mnist", (("neuralsort", "Det. NeuralSort"), ("sinkhorn", "Optimal Transport")),
-                              (3, 5, 7))
+    baselines = baseline_rows("2.1", "mnist", BASELINES_33[:3], (3, 5, 7))
     return [*bubble, *baselines]
 
 
@@ -214,13 +217,33 @@ def _table_7_3(method: str) -> list[Row]:
     return rows
 
 
-def lapsum_rows() -> list[Row]:
-    """LapSum (ICML 2025) Table 4: permutation CE over rows, batch 20, Adam 1e-3, α = 1 (β = 1)."""
-    return [_row(f"lapsum_t4/lapsum_n{n}", f"LapSum soft permutation, n = {n}, CE over rows, batch 20, Adam 1e-3",
-                "lapsum", {"paper": "struski_lapsum_icml2025", "table": "4", "dataset": "mnist4",
-                           "method": "LapSum (ours)", "n": n}, n, params={"beta": BASELINE_BETA["lapsum"]},
-                settings={"data.batch_size": 20, "model.optimizer.lr": 1e-3, "loss.form": "ce_rows"})
-            for n in (3, 5, 7, 9, 15)]
+def table_4() -> list[Row]:
+    """LapSum (ICML 2025) Table 4, one row per (method, n) of ``lapsum_icml2025_table4.csv``: the authors' script
+    (gmum/LapSum ``experiments_of_paper/soft-permutation``): batch 20, Adam 1e-3, 200 epochs of 625 steps
+    (= 125 000 steps; validation once per epoch), selection on the validation EM at n (no EM5 in the table, so no
+    5-sets are drawn), the row-wise permutation CE (``loss.form=ce_rows``). LapSum α = 1 (their script: β = 1,
+    not trained, no noise); the baselines, whose cells LapSum copies from Grover et al. (2019), at
+    :data:`BASELINE_BETA` / :data:`STOCHASTIC` (docs/sorting_benchmark.md); the vanilla row-stochastic baseline is a
+    model (``model=sorting_row_stochastic``, ``loss=sort_rows_ce``), no operator."""
+    settings = {"data.batch_size": 20, "model.optimizer.lr": 1e-3, "trainer.max_steps": 125000,
+                "trainer.val_check_interval": 625, "optimized_metric": "val/em", "data.em5": False}
+    out, seen = [], set()
+    for r in reference.load_table("lapsum_icml2025_table4"):
+        op, n = r["operator"], int(r["n"])
+        if (op, n) in seen:
+            continue
+        seen.add((op, n))
+        paper = {"paper": r["paper"], "table": "4", "dataset": "mnist4", "method": r["method"], "n": n}
+        if op == "row_stochastic":
+            out.append(_row(f"lapsum_t4/{op}_n{n}", f"{r['method']}, n = {n}, CNN + 3 linear n² layers, row "
+                            "softmax, CE over rows, batch 20, Adam 1e-3, 125 000 steps", None, paper, n,
+                            settings=settings, method_loss="sort_rows_ce", model="sorting_row_stochastic"))
+            continue
+        params = {"beta": BASELINE_BETA[op], **STOCHASTIC.get(op, {})}
+        out.append(_row(f"lapsum_t4/{op}_n{n}", f"{r['method']}, n = {n}, CE over rows, batch 20, Adam 1e-3, "
+                        "125 000 steps", op, paper, n, params=params,
+                        settings={**settings, "loss.form": "ce_rows"}))
+    return out
 
 
 def rows() -> list[Row]:
@@ -232,13 +255,13 @@ def rows() -> list[Row]:
         *table_2_1(),
         # Table 3.3: 'up to 1e6' steps -> the code default 1e5 (the protocol's)
         *art_rows("3.3", "mnist", art_ns), *baseline_rows("3.3", "mnist", BASELINES_33, (3, 5, 7, 9, 15)),
-        *art_rows("3.4", "svhn", svhn_ns), *baseline_rows("3.4", "svhn", BASELINES_33, (2, 4, 8, 16, 32)),
+        *art_rows("3.4", "svhn", svhn_ns), *baseline_rows("3.4", "svhn", BASELINES_33[1:], (2, 4, 8, 16, 32)),
         *table_3_5(), *ablation_rows("mnist"), *ablation_rows("svhn"),
         *monotonic_rows("mnist", 200000), *monotonic_rows("svhn", 1000000),
         *baseline_rows("3.7", "mnist", baselines_37, (3, 5, 7, 9, 15, 32), **{"trainer.max_steps": 200000}),
         *baseline_rows("3.7", "mnist", (("fast_soft_sort", "Fast Sort & Rank"),), (3, 5, 7, 9, 15),
                        **{"trainer.max_steps": 200000}),
-        *table_7_2(), *table_7_3(), *lapsum_rows(),
+        *table_7_2(), *table_7_3(), *table_4(),
     ]
 
 
@@ -255,13 +278,14 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 @cache
-def _base(protocol: str, operator: str | None, loss: str | None) -> dict[str, Any]:
-    """The flattened config of ``experiment=sorting/<protocol> operator=<operator or null> [loss=<loss>]``."""
+def _base(protocol: str, operator: str | None, loss: str | None, model: str | None = None) -> dict[str, Any]:
+    """The flattened config of ``experiment=sorting/<protocol> operator=<operator or null> [loss=<loss>]
+    [model=<model>]``."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     overrides = [f"experiment=sorting/{protocol}", f"operator={operator}" if operator else "~operator",
-                 *([f"loss={loss}"] if loss else [])]
+                 *([f"loss={loss}"] if loss else []), *([f"model={model}"] if model else [])]
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
     return _flatten(OmegaConf.to_container(cfg, resolve=False))
@@ -282,14 +306,15 @@ def _nest(flat: dict[str, Any]) -> dict[str, Any]:
 
 def _row(name: str, title: str, operator: str | None, paper: dict[str, Any], n: int, protocol: str = "mnist",
          params: dict[str, Any] | None = None, settings: dict[str, Any] | None = None, newton: str | None = None,
-         method_loss: str | None = None) -> Row:
+         method_loss: str | None = None, model: str | None = None) -> Row:
     """One sorting row: ``experiment=sorting/<protocol>`` with ``operator`` (None: a row whose method is its loss,
     ``method_loss``, e.g. RESGRO), the loss the operator needs (:data:`LOSS`; else the protocol's ``sort_bce``) and
-    the Newton loss ``newton`` it trains with (Table 7.3); its keys are only what differs from that composition:
+    the Newton loss ``newton`` it trains with (Table 7.3) and its ``model`` (None: the protocol's; LapSum Table 4's
+    vanilla row: ``sorting_row_stochastic``); its keys are only what differs from that composition:
     the operator's ``params``, n, the ``settings`` (dotted: ``{"trainer.max_steps": 200000}``), ``paper_method``
     and the ``paper`` key."""
     loss = method_loss or LOSS.get(operator)
-    base = _base(protocol, operator, loss)
+    base = _base(protocol, operator, loss, model)
     wanted = {**{f"operator.{k}": v for k, v in (params or {}).items()}, **(settings or {})}
     differs = {k: v for k, v in wanted.items() if base.get(k) != v or type(base.get(k)) is not type(v)}
     keys = {"paper_method": operator or method_loss, "paper": paper,
@@ -297,7 +322,8 @@ def _row(name: str, title: str, operator: str | None, paper: dict[str, Any], n: 
                      **{k: v for k, v in differs.items() if not k.startswith("operator.")}})}
     source = "LapSum (Struski et al. 2025) Table 4" if paper["paper"] != THESIS else \
         f"Thesis Table {paper['table']} ({'MNIST' if protocol == 'mnist' else 'SVHN'})"
-    choices = {"operator": operator, **({"loss": loss} if loss else {}), **({"newton": newton} if newton else {})}
+    choices = {"operator": operator, **({"model": model} if model else {}), **({"loss": loss} if loss else {}),
+               **({"newton": newton} if newton else {})}
     return Row(name, f"{source}: {title}", f"/experiment/sorting/{protocol}", choices, keys)
 
 

@@ -1,7 +1,10 @@
-"""Run the seeds of one table cell as a queue of single-threaded jobs side by side, each resumable.
+"""Run the seeds of table cells as a queue of single-threaded jobs side by side, each resumable.
 
 ``python -m diffrank.experiments.tools.cells sorting/thesis_t3_5/bitonic_lambda04_n32_b4 --grid operator.beta=30,35
 --seeds 0,1,2 --slots 2 --threads 1 -- paths.data_dir=$DATA``
+
+Several cells make one queue (``cells sorting/lapsum_t4/lapsum_n3 sorting/lapsum_t4/neuralsort_n3 --seeds 0,1,2``):
+their jobs run in the order given, every cell's seeds (and grid) in turn, the same overrides for all.
 
 A CPU with c cores runs c one-thread jobs faster in total than one c-thread job of a small network (batch-4
 steps do not split well over threads), and a session that ends kills its processes: every job trains in a
@@ -98,9 +101,10 @@ def run_queue(queue: list[Job], slots: int, threads: int, poll_s: float = 10.0) 
 
 
 def main(argv: list[str] | None = None) -> dict[str, int]:
-    """Command line: run (or continue) the seeds of one cell; see the module docstring."""
+    """Command line: run (or continue) the seeds of one or more cells; see the module docstring."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("experiment", help="an experiment config, e.g. sorting/thesis_t3_5/bitonic_lambda04_n32_b4")
+    ap.add_argument("experiments", nargs="+", metavar="experiment",
+                    help="experiment configs, e.g. sorting/thesis_t3_5/bitonic_lambda04_n32_b4 (one queue)")
     ap.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     ap.add_argument("--grid", action="append", default=[], help="key=v1,v2 (repeatable): values crossed with seeds")
     ap.add_argument("--slots", type=int, default=max(1, os.cpu_count() or 1), help="jobs at a time (default: cores)")
@@ -111,7 +115,8 @@ def main(argv: list[str] | None = None) -> dict[str, int]:
     cut = argv.index("--") if "--" in argv else len(argv)  # after --: Hydra overrides for every job
     argv, overrides = argv[:cut], argv[cut + 1:]
     a = ap.parse_args(argv)
-    queue = jobs(a.experiment, [int(s) for s in a.seeds.split(",")], a.grid, overrides, a.out)
+    seeds = [int(s) for s in a.seeds.split(",")]
+    queue = [job for experiment in a.experiments for job in jobs(experiment, seeds, a.grid, overrides, a.out)]
     if a.dry_run:
         for j in queue:
             print(f"{j.state.action:7s} {j.folder}  {' '.join(j.overrides)}")
