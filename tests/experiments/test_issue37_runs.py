@@ -188,8 +188,8 @@ def test_case10_precision_actually_used_is_recorded(compose_train, tmp_path):
     """T trainer.precision=16-mixed on the CPU runs bf16: the record says so, and so does its budget."""
     if torch.cuda.is_available():
         pytest.skip("on a GPU 16-mixed is what runs")
-    train(_cfg(compose_train, tmp_path, ["trainer.precision=16-mixed", "+trainer.max_steps=2",
-                                         "trainer.max_epochs=1"]))
+    train(_cfg(compose_train, tmp_path, ["trainer.precision=16-mixed", "trainer.max_epochs=1",
+                                         "trainer.limit_train_batches=2"]))
     rec = _record(tmp_path)
     assert rec.precision == "bf16-mixed" and rec.segments[-1]["precision"] == "bf16-mixed"
     assert rec.budget.endswith(" bf16-mixed")

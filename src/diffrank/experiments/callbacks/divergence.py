@@ -26,13 +26,14 @@ class DivergenceGuard(L.Callback):
 
     - the training loss of a step is NaN or infinite;
     - the training loss exceeds ``explode`` times the largest ``|loss|`` of the first ``warmup`` steps (at least 1:
-      a loss that starts near 0 is not called exploding for reaching 1);
+      a loss that starts near 0 is not called exploding for reaching 1; the first step's loss is that of the
+      initial weights: a learning rate of 1e6 has blown the loss up by the second step);
     - a validation's ``monitor`` (an accuracy, ``val/top1``) is at most ``chance_margin`` × chance (1 / the
       model's or the data's ``num_classes``) after an earlier validation was above ``2 × chance_margin`` × chance.
 
     Args:
         explode: the factor of the loss (units: the loss's own) over its first steps that counts as exploding.
-        warmup: steps whose loss sets the scale (the loss of a fresh network jumps in its first steps).
+        warmup: steps whose loss sets the scale.
         monitor: the validation accuracy checked against chance; runs without it, or without ``num_classes``,
             skip that check.
         chance_margin: how close to chance counts as chance.
@@ -41,7 +42,7 @@ class DivergenceGuard(L.Callback):
         ValueError: ``explode <= 1``, ``warmup < 1`` or ``chance_margin < 1``.
     """
 
-    def __init__(self, explode: float = 1e4, warmup: int = 5, monitor: str = "val/top1",
+    def __init__(self, explode: float = 1e4, warmup: int = 1, monitor: str = "val/top1",
                  chance_margin: float = 1.5) -> None:
         if explode <= 1 or warmup < 1 or chance_margin < 1:
             raise ValueError(f"need explode > 1, warmup >= 1, chance_margin >= 1; got {explode}, {warmup}, "

@@ -179,8 +179,9 @@ def job_overrides(overrides: Iterable[str]) -> list[str]:
 
 def refuse_other_run(folder: str | Path, ckpt_path: str | Path | None, run_id: str | None) -> None:
     """Refuse a run into a folder that holds another run's results: a record (``done``, ``interrupted`` or
-    ``diverged``; a ``failed`` record of a run that left no checkpoint is only replaced) or checkpoints, unless
-    this run resumes that run (its ``ckpt_path`` lies in the folder, or carries the folder's ``run_id``).
+    ``diverged``; that of a run that failed, or of a ``trainer.fast_dev_run`` smoke test, and left no checkpoint
+    is only replaced) or checkpoints, unless this run resumes that run (its ``ckpt_path`` lies in the folder, or
+    carries the folder's ``run_id``).
 
     Args:
         folder: the run folder.
@@ -194,7 +195,7 @@ def refuse_other_run(folder: str | Path, ckpt_path: str | Path | None, run_id: s
     record = RunRecord.read(folder / RECORD_FILE)
     checkpoints = sorted(p.name for p in (folder / LAST_CHECKPOINT.parent).glob("*.ckpt")) \
         if (folder / LAST_CHECKPOINT.parent).is_dir() else []
-    if record is not None and record.status == "failed" and not checkpoints:
+    if record is not None and not checkpoints and (record.status == "failed" or _smoke_test(record)):
         return
     if record is None and not checkpoints:
         return
@@ -208,3 +209,8 @@ def refuse_other_run(folder: str | Path, ckpt_path: str | Path | None, run_id: s
     resume = f"resume it with ckpt_path={last}, or " if last.is_file() else ""
     raise FileExistsError(f"{folder} holds {what}: a new run there would overwrite its results.json and mix its "
                           f"checkpoints with this one's; {resume}give this run its own folder (hydra.run.dir=…)")
+
+
+def _smoke_test(record: RunRecord) -> bool:
+    trainer = record.config.get("trainer")
+    return isinstance(trainer, dict) and bool(trainer.get("fast_dev_run"))

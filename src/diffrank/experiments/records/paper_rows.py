@@ -64,8 +64,8 @@ def collect_runs(records: Iterable[tuple[str | Path, RunRecord]], metric_prefix:
     Diverged, interrupted and failed runs (:data:`NOT_RESULTS`) never count: they are listed under ``not_done``.
     Runs are pooled (as seeds) when they share the reference row (:attr:`RunRecord.table_row`), the command-line
     changes to the row's config (:attr:`~RunRecord.variant`: a run with another learning rate is a variant of the
-    row, never the row), the data (:attr:`~RunRecord.data_kind`: generated or swapped-in data never pools with the row's), the budget
-    (:attr:`~RunRecord.budget`: a short check of a row is not one of its seeds), the Newton loss's λ
+    row, never the row), the data (:attr:`~RunRecord.data_kind`: generated or swapped-in data never pools with the
+    row's), the budget (:attr:`~RunRecord.budget`: a short check of a row is not one of its seeds), the Newton loss's λ
     (:attr:`~RunRecord.tikhonov`) and the kind of device (:attr:`~RunRecord.device_kind`: a seed run on two devices
     is one seed twice, same initialisation and data order); and each (config, seed) once
     (:attr:`~RunRecord.pool_key`: of two runs of the same config and seed, the later is kept, the other counted

@@ -407,10 +407,10 @@ class RunRecord:
     def pool_key(self) -> str | None:
         """What makes two records the same run for pooling: the recorded :attr:`config_hash` of the resolved
         config and seed, else (older records) :func:`config_hash` of the recorded config, seed and the overrides
-        that are not locations; None for a record with neither config nor seed (nothing says which run it is)."""
+        that are not locations; None for a record that names no seed (nothing says which seed it is)."""
         if self.config_hash:
             return self.config_hash
-        if not self.config and self.seed is None:
+        if self.seed is None and self.config.get("seed") is None:
             return None
         where = ("paths.", "hydra.", "extras.", "logger", "ckpt_path")
         overrides = sorted(o for o in self.overrides if not o.lstrip("+~").startswith(where))
