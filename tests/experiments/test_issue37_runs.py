@@ -85,6 +85,24 @@ def test_case2_new_run_into_a_finished_folder_is_refused_unless_it_resumes(compo
     assert again.run_id == first.run_id and again.optimizer_steps == 8 and again.status == "done"
 
 
+def test_case2_hydra_refuses_before_writing_into_another_runs_folder(tmp_path):
+    """The same refusal as a Hydra callback: before Hydra replaces the finished run's .hydra/ files; a resume of
+    it (ckpt_path in its folder) and a folder whose run failed without a checkpoint pass."""
+    from omegaconf import OmegaConf
+
+    from diffrank.experiments.callbacks.hydra_callbacks import RunFolderGuard
+
+    def config(ckpt=None):
+        return OmegaConf.create({"hydra": {"run": {"dir": str(tmp_path)}}, "ckpt_path": ckpt})
+
+    RunRecord(status="done", run_id="r1").write(tmp_path / RECORD_FILE)
+    with pytest.raises(FileExistsError, match="holds run r1 .status done"):
+        RunFolderGuard().on_run_start(config())
+    RunFolderGuard().on_run_start(config(str(tmp_path / LAST_CHECKPOINT)))
+    RunRecord(status="failed", run_id="r1").write(tmp_path / RECORD_FILE)
+    RunFolderGuard().on_run_start(config())
+
+
 def test_case3_archive_keeps_an_archived_run_when_its_folder_is_reused(tmp_path):
     """Archive a cell, delete one seed's folder, re-run it with -- model.optimizer.lr=0.05, archive again: both
     records are kept (runs are told apart by their id, not their folder)."""

@@ -24,9 +24,9 @@ from typing import Any
 
 import lightning as L
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from diffrank.experiments.records.record import LOADING_KEYS, code_version, config_hash
+from diffrank.experiments.records.record import LOADING_KEYS, NOT_THE_CONFIG, code_version, config_hash
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ TRAINING_ONLY_KEYS = frozenset({"data.seed", "data.batch_size"})
 
 
 def _container(node: Any) -> Any:
-    if not isinstance(node, DictConfig):
+    if not isinstance(node, (DictConfig, ListConfig)):
         return node
     try:
         return OmegaConf.to_container(node, resolve=True)
@@ -53,7 +53,7 @@ def _container(node: Any) -> Any:
 def resolved_config_hash(cfg: DictConfig) -> str:
     """:func:`~diffrank.experiments.records.record.config_hash` of ``cfg`` resolved key by key (a key whose
     interpolation needs what is not there, e.g. ``HydraConfig``, enters unresolved)."""
-    return config_hash({str(k): _container(cfg.get(k)) for k in cfg})
+    return config_hash({str(k): _container(cfg.get(k)) for k in cfg if k not in NOT_THE_CONFIG})
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:

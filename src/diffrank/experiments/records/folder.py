@@ -29,6 +29,9 @@ SLURM_CHECKPOINTS = "hpc_ckpt_*.ckpt"  # Lightning's SLURM requeue checkpoints: 
 LOCK_FILE = ".run.lock"  # held (flock) by the process of the run writing to the folder; the kernel drops it at exit
 # task overrides that say how a job was started, not which job it is (cells resumes with ckpt_path=<its last.ckpt>)
 START_OVERRIDES = ("ckpt_path",)
+# statuses of a run that ended for good: ``diverged`` too (the divergence guard stopped it; training it again from
+# its last checkpoint would only diverge again)
+FINAL = ("done", "diverged")
 
 
 class FolderBusy(RuntimeError):
@@ -143,10 +146,10 @@ def folder_state(folder: str | Path, overrides: Iterable[str] | None = None,
     """The state of the run folder ``folder`` (missing folders are ``new``).
 
     A folder is live while a run holds its lock (:func:`is_live`). It is done when its record is complete
-    (:meth:`RunRecord.read`) with ``status: done`` and, when given, the same task ``overrides`` (in any order,
-    ``ckpt_path=`` left out: the job is this one) and ``metric`` among its metrics (the run measured what selects
-    it); else it resumes when an interrupted run left a checkpoint (``last.ckpt`` or a SLURM requeue checkpoint);
-    else it is new.
+    (:meth:`RunRecord.read`) with a final status (:data:`FINAL`: ``done``, or ``diverged``) and, when given, the
+    same task ``overrides`` (in any order, ``ckpt_path=`` left out: the job is this one) and ``metric`` among its
+    metrics (the run measured what selects it); else it resumes when an interrupted run left a checkpoint
+    (``last.ckpt`` or a SLURM requeue checkpoint); else it is new.
 
     Args:
         folder: the job's run folder.
@@ -163,7 +166,7 @@ def folder_state(folder: str | Path, overrides: Iterable[str] | None = None,
     checkpoint = last if last.is_file() and not slurm else None
     if is_live(folder):
         return FolderState("live", record, checkpoint)
-    done = (record is not None and record.status == "done"
+    done = (record is not None and record.status in FINAL
             and (overrides is None or job_overrides(record.overrides) == job_overrides(overrides))
             and (metric is None or metric in record.metrics))
     if done:
@@ -178,10 +181,10 @@ def job_overrides(overrides: Iterable[str]) -> list[str]:
 
 
 def refuse_other_run(folder: str | Path, ckpt_path: str | Path | None, run_id: str | None) -> None:
-    """Refuse a run into a folder that holds another run's results: a record (``done``, ``interrupted`` or
-    ``diverged``; that of a run that failed, or of a ``trainer.fast_dev_run`` smoke test, and left no checkpoint
-    is only replaced) or checkpoints, unless this run resumes that run (its ``ckpt_path`` lies in the folder, or
-    carries the folder's ``run_id``).
+    """Refuse a run into a folder that holds another run's results: a record (that of a run that failed or was
+    interrupted, or of a ``trainer.fast_dev_run`` smoke test, and left no checkpoint is only replaced) or
+    checkpoints, unless this run resumes that run (its ``ckpt_path`` lies in the folder, or carries the folder's
+    ``run_id``).
 
     Args:
         folder: the run folder.
@@ -195,7 +198,8 @@ def refuse_other_run(folder: str | Path, ckpt_path: str | Path | None, run_id: s
     record = RunRecord.read(folder / RECORD_FILE)
     checkpoints = sorted(p.name for p in (folder / LAST_CHECKPOINT.parent).glob("*.ckpt")) \
         if (folder / LAST_CHECKPOINT.parent).is_dir() else []
-    if record is not None and not checkpoints and (record.status == "failed" or _smoke_test(record)):
+    replaceable = record is not None and (record.status in ("failed", "interrupted") or _smoke_test(record))
+    if replaceable and not checkpoints:
         return
     if record is None and not checkpoints:
         return

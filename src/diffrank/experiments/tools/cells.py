@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from diffrank.experiments.records.folder import FolderState, folder_state, job_overrides
+from diffrank.experiments.records.folder import FINAL, FolderState, folder_state, job_overrides
 
 
 @dataclass
@@ -50,7 +50,7 @@ class Job:
         """:attr:`state`'s action, or ``other`` for a folder holding a finished run of other overrides (not this
         job's: never resumed nor overwritten)."""
         state = self.state
-        if state.action in ("new", "resume") and state.record is not None and state.record.status == "done":
+        if state.action in ("new", "resume") and state.record is not None and state.record.status in FINAL:
             return "other"
         return state.action
 
