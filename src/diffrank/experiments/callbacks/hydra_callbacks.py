@@ -57,7 +57,7 @@ class RunFolderGuard(Callback):
     resumes its own folder and passes.
 
     Raises:
-        FolderBusy / FileExistsError: (``on_run_start``) the folder is another run's.
+        FolderBusy / FolderTaken: (``on_run_start``) the folder is another run's.
     """
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:

@@ -38,6 +38,10 @@ class FolderBusy(RuntimeError):
     """A run folder is locked by a live run (the message names its process)."""
 
 
+class FolderTaken(FileExistsError):
+    """A run folder holds another run's record or checkpoints (:func:`refuse_other_run`)."""
+
+
 class RunInterrupted(Exception):
     """A run stopped by a signal (SIGTERM: ``kill``, ``timeout``, a scheduler's preemption; SIGINT: Ctrl-C) after
     its record (``status: interrupted``, with the resume command) was written. The training runner raises it, the
@@ -192,7 +196,8 @@ def refuse_other_run(folder: str | Path, ckpt_path: str | Path | None, run_id: s
         run_id: the run id of this run (that of ``ckpt_path`` when it resumes one), or None.
 
     Raises:
-        FileExistsError: the folder holds another run (the message names it and the two ways on).
+        FolderTaken: (a ``FileExistsError``) the folder holds another run (the message names it and the two ways
+            on).
     """
     folder = Path(folder)
     record = RunRecord.read(folder / RECORD_FILE)
@@ -211,7 +216,7 @@ def refuse_other_run(folder: str | Path, ckpt_path: str | Path | None, run_id: s
         else f"the checkpoints of another run ({', '.join(checkpoints[:3])})"
     last = folder / LAST_CHECKPOINT
     resume = f"resume it with ckpt_path={last}, or " if last.is_file() else ""
-    raise FileExistsError(f"{folder} holds {what}: a new run there would overwrite its results.json and mix its "
+    raise FolderTaken(f"{folder} holds {what}: a new run there would overwrite its results.json and mix its "
                           f"checkpoints with this one's; {resume}give this run its own folder (hydra.run.dir=…)")
 
 

@@ -47,6 +47,7 @@ from diffrank.experiments.records.folder import (
     LAST_CHECKPOINT,
     FolderBusy,
     FolderLock,
+    FolderTaken,
     RunInterrupted,
     folder_state,
     refuse_other_run,
@@ -482,7 +483,7 @@ def run(cfg: DictConfig) -> float | None:
         KeyError: if a training run did not log ``optimized_metric`` (its ``results.json`` says ``failed``).
         RunInterrupted: SIGTERM / SIGINT stopped the run (its ``results.json`` says ``interrupted`` and how to
             resume).
-        FolderBusy / FileExistsError: the output folder is another run's (live, or holding its results).
+        FolderBusy / FolderTaken: the output folder is another run's (live, or holding its results).
         SystemExit: (status 3) a single run that diverged (its ``results.json`` says ``diverged``).
     """
     if cfg.get("extras") and cfg.extras.get("print_config"):
@@ -492,7 +493,7 @@ def run(cfg: DictConfig) -> float | None:
     try:
         with _interruptible():
             metrics, objects = train(cfg)
-    except (FolderBusy, FileExistsError):
+    except (FolderBusy, FolderTaken):
         raise  # the folder is another run's: its record stays as it is
     except _Signalled as e:
         command = resume_command(cfg)
