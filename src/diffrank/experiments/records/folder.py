@@ -95,7 +95,8 @@ class FolderLock:
                              f"wait for that run to end") from None
         f.seek(0)
         f.truncate()
-        f.write(f"host {socket.gethostname()} pid {os.getpid()} run {self.run_id}\n")
+        run = f" run {self.run_id}" if self.run_id else ""
+        f.write(f"host {socket.gethostname()} pid {os.getpid()}{run}\n")
         f.flush()
         self._file = f
         return self

@@ -244,7 +244,10 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
 
     Raises:
         ValueError: unknown or incompatible choices (e.g. a loss that the operator cannot serve), or a global
-            batch that the world size does not divide.
+            batch that the world size does not divide; an unreadable ``ckpt_path``, or one whose budget settings
+            differ (:func:`run_fit`).
+        FolderBusy: a live run holds ``paths.output_dir`` (its lock).
+        FolderTaken: ``paths.output_dir`` holds another run that this one does not resume.
     """
     t0 = time.time()
     info = _hydra_info()
@@ -259,17 +262,17 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
                  os.environ.get("SLURM_RESTART_COUNT", "0"))
         with open_dict(cfg):
             cfg.ckpt_path = resume
-    info["run"] = run_meta(cfg)
     out = cfg.paths.get("output_dir") if cfg.get("paths") else None
-    lock = FolderLock(out, info["run"]["run_id"]) if out and _main_process() else None
+    lock = FolderLock(out) if out and _main_process() else None
     if lock is not None:
         lock.acquire()  # FolderBusy: a live run writes there
     try:
+        info["run"] = run_meta(cfg)
         if lock is not None:
             refuse_other_run(out, cfg.get("ckpt_path"), info["run"]["run_id"])
         return _train_built(cfg, info, t0)
     except BaseException as e:
-        e.diffrank_run = info["run"]  # the failure / interruption record names the run
+        e.diffrank_run = info.get("run")  # the failure / interruption record names the run
         raise
     finally:
         if lock is not None:
