@@ -216,7 +216,9 @@ def make_record(built: Built, done: dict[str, Any], metrics: dict[str, float], w
         accumulate_grad_batches=accumulate,
         global_batch=None if per_device is None else int(per_device) * world_size * accumulate,
         evaluated_checkpoint=done["evaluated_checkpoint"], checkpoint=done["checkpoint"],
-        resumed_with_changes=done.get("checkpoint_changes"), **git_state(),
+        # the code this segment started with (the checkout may change while it runs)
+        resumed_with_changes=done.get("checkpoint_changes"),
+        **({k: ident.segment.get(k) for k in ("git_sha", "git_dirty")} if ident is not None else git_state()),
         versions=versions(), wall_time_s=wall_time_s, finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         device=device_description(env), compute=env, run_dir=info["run_dir"], sweep_dir=info["sweep_dir"],
         config=OmegaConf.to_container(cfg, resolve=False),
