@@ -29,7 +29,8 @@ class DivergenceGuard(L.Callback):
       a loss that starts near 0 is not called exploding for reaching 1; the first step's loss is that of the
       initial weights: a learning rate of 1e6 has blown the loss up by the second step);
     - a validation's ``monitor`` (an accuracy, ``val/top1``) is at most ``chance_margin`` × chance (1 / the
-      model's or the data's ``num_classes``) after an earlier validation was above ``2 × chance_margin`` × chance.
+      model's or the data's ``num_classes``) after an earlier validation was at least halfway from chance to 1
+      (a run trained for top-5 whose top-1 wanders near chance is not called diverged).
 
     Args:
         explode: the factor of the loss (units: the loss's own) over its first steps that counts as exploding.
@@ -92,8 +93,7 @@ class DivergenceGuard(L.Callback):
         reason = None
         if value is not None and isinstance(classes, int) and classes > 1:
             value, chance = float(value), 1.0 / classes
-            if self.best is not None and self.best > 2 * self.chance_margin * chance \
-                    and value <= self.chance_margin * chance:
+            if self.best is not None and self.best >= (1 + chance) / 2 and value <= self.chance_margin * chance:
                 reason = (f"{self.monitor} fell to {value:.4f} (chance: {chance:.4f}) at epoch {trainer.current_epoch}"
                           f" after reaching {self.best:.4f}")
             self.best = value if self.best is None else max(self.best, value)
