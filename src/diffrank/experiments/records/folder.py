@@ -187,9 +187,9 @@ def job_overrides(overrides: Iterable[str]) -> list[str]:
 
 def refuse_other_run(folder: str | Path, ckpt_path: str | Path | None, run_id: str | None) -> None:
     """Refuse a run into a folder that holds another run's results: a record (that of a run that failed or was
-    interrupted, or of a ``trainer.fast_dev_run`` smoke test, and left no checkpoint is only replaced) or
-    checkpoints, unless this run resumes that run (its ``ckpt_path`` lies in the folder, or carries the folder's
-    ``run_id``).
+    interrupted and left no checkpoint is only replaced, and so is a ``trainer.fast_dev_run`` smoke test with its
+    one-batch checkpoints) or checkpoints, unless this run resumes that run (its ``ckpt_path`` lies in the folder,
+    or carries the folder's ``run_id``).
 
     Args:
         folder: the run folder.
@@ -204,8 +204,7 @@ def refuse_other_run(folder: str | Path, ckpt_path: str | Path | None, run_id: s
     record = RunRecord.read(folder / RECORD_FILE)
     checkpoints = sorted(p.name for p in (folder / LAST_CHECKPOINT.parent).glob("*.ckpt")) \
         if (folder / LAST_CHECKPOINT.parent).is_dir() else []
-    replaceable = record is not None and (record.status in ("failed", "interrupted") or _smoke_test(record))
-    if replaceable and not checkpoints:
+    if record is not None and (_smoke_test(record) or (record.status in ("failed", "interrupted") and not checkpoints)):
         return
     if record is None and not checkpoints:
         return
