@@ -57,22 +57,26 @@ class RunFolderGuard(Callback):
     resumes its own folder and passes.
 
     Raises:
-        FolderBusy / FolderTaken: (``on_run_start``) the folder is another run's.
+        SystemExit: (``on_run_start``) the folder is another run's (the message says whose and what to do). Not
+            :class:`~diffrank.experiments.records.folder.FolderTaken` itself: Hydra turns an ``Exception`` raised by
+            a callback into a warning and goes on.
     """
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Check ``hydra.run.dir`` before the run writes there."""
         import os
 
-        from diffrank.experiments.records.folder import FolderBusy, is_live, refuse_other_run
+        from diffrank.experiments.records.folder import FolderBusy, FolderLock, FolderTaken, refuse_other_run
 
         if int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0:
             return
         folder = Path(str(config.hydra.run.dir))
-        if is_live(folder):
-            raise FolderBusy(f"{folder} is in use by a live run: give this run its own hydra.run.dir, or wait for "
-                             f"that run to end")
-        refuse_other_run(folder, config.get("ckpt_path"), None)
+        try:
+            with FolderLock(folder):  # FolderBusy names the live run's process
+                refuse_other_run(folder, config.get("ckpt_path"), None)
+        except (FolderBusy, FolderTaken) as e:
+            log.error("%s", e)
+            raise SystemExit(f"refused: {e}") from None
 
 
 def _uses_wandb(config: DictConfig) -> bool:

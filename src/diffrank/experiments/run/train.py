@@ -399,6 +399,8 @@ def main() -> None:
 def describe_error(error: BaseException) -> str:
     """``"<type>: <message>"`` of ``error``; a full disk (ENOSPC anywhere in its chain of causes: torch's writer
     reports it as ``unexpected pos …``) is named first, with the file being written when known."""
+    if isinstance(error, _Signalled):
+        return str(error)
     full = no_space_error(error)
     if full is not None:
         where = f" writing {full.filename}" if full.filename else ""
