@@ -38,16 +38,19 @@ class DivergenceGuard(L.Callback):
         monitor: the validation accuracy checked against chance; runs without it, or without ``num_classes``,
             skip that check.
         chance_margin: how close to chance counts as chance.
+        device_every: on an accelerator, the loss is read every this many steps (reading it waits for the
+            device; a NaN or exploded loss stays so, and is caught a few steps later); on the CPU every step.
 
     Raises:
-        ValueError: ``explode <= 1``, ``warmup < 1`` or ``chance_margin < 1``.
+        ValueError: ``explode <= 1``, ``warmup < 1``, ``chance_margin < 1`` or ``device_every < 1``.
     """
 
     def __init__(self, explode: float = 1e4, warmup: int = 1, monitor: str = "val/top1",
-                 chance_margin: float = 1.5) -> None:
-        if explode <= 1 or warmup < 1 or chance_margin < 1:
-            raise ValueError(f"need explode > 1, warmup >= 1, chance_margin >= 1; got {explode}, {warmup}, "
-                             f"{chance_margin}")
+                 chance_margin: float = 1.5, device_every: int = 20) -> None:
+        if explode <= 1 or warmup < 1 or chance_margin < 1 or device_every < 1:
+            raise ValueError(f"need explode > 1, warmup >= 1, chance_margin >= 1, device_every >= 1; got {explode}, "
+                             f"{warmup}, {chance_margin}, {device_every}")
+        self.device_every = int(device_every)
         self.explode, self.warmup, self.monitor, self.chance_margin = float(explode), int(warmup), monitor, \
             float(chance_margin)
         self.scale: float | None = None
@@ -70,6 +73,8 @@ class DivergenceGuard(L.Callback):
         """Check the step's training loss."""
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if not isinstance(loss, torch.Tensor) or self.reason is not None:
+            return
+        if loss.device.type != "cpu" and self.scale is not None and trainer.global_step % self.device_every:
             return
         value = float(loss.detach().float().mean())
         reason = None
