@@ -42,7 +42,8 @@ def test_archive_gives_the_report_of_its_run_folders(tmp_path):
     assert _em(from_archive)["run_dirs"] == [str(runs / f"seed{i}") for i in range(3)]
     # a run both archived and still in its folder counts once; the folder searched finds the archive too
     both = report.collect([runs, out])
-    assert _em(both)["runs"] == 3 and both["runs"] == 4  # 3 done + the failed run (a paper key, no metrics)
+    assert _em(both)["runs"] == 3 and both["runs"] == 3  # the failed run is no result: listed as not done
+    assert both["not_done"] == [(str(runs / "seed9" / "results.json"), "failed")]
     assert _em(report.collect([tmp_path]))["runs"] == 3
 
 

@@ -31,7 +31,7 @@ def test_job_state_and_resume_command(tmp_path):
     assert f"hydra.run.dir={job.folder}" in job.command()
     RunRecord(status="failed").write(job.folder / RECORD_FILE)
     assert job.state.action == "resume"
-    RunRecord(status="done").write(job.folder / RECORD_FILE)
+    RunRecord(status="done", overrides=job.overrides).write(job.folder / RECORD_FILE)
     assert job.state.action == "done"
 
 
@@ -60,18 +60,20 @@ def test_folder_state_is_the_one_decision(tmp_path):
 
 def test_queue_skips_finished_and_counts(tmp_path, monkeypatch):
     q = cells.jobs("e", [0, 1, 2], [], [], tmp_path)
-    RunRecord(status="done").write(q[0].folder / "results.json")
+    RunRecord(status="done", overrides=q[0].overrides).write(q[0].folder / "results.json")
     fake = ("import sys, pathlib; from diffrank.experiments.records.record import RunRecord; "
-            "d = pathlib.Path(sys.argv[1]); RunRecord(status='done' if d.name != 'seed2' else 'failed')"
-            ".write(d / 'results.json')")
-    monkeypatch.setattr(cells.Job, "command", lambda self: [sys.executable, "-c", fake, str(self.folder)])
+            "d = pathlib.Path(sys.argv[1]); RunRecord(status='done' if d.name != 'seed2' else 'failed', "
+            "overrides=sys.argv[2:]).write(d / 'results.json')")
+    monkeypatch.setattr(cells.Job, "command",
+                        lambda self: [sys.executable, "-c", fake, str(self.folder), *self.overrides])
     counts = cells.run_queue(q, slots=2, threads=1, poll_s=0.05)
-    assert counts == {"skipped": 1, "finished": 1, "failed": 1}
+    assert counts == {"skipped": 1, "live": 0, "other": 0, "finished": 1, "failed": 1}
     assert (q[1].folder / "stdout.log").is_file()
 
 
 def test_command_line_dry_run(tmp_path, capsys):
-    RunRecord(status="done").write(tmp_path / "e" / "beta30_seed0" / "results.json")
+    RunRecord(status="done", overrides=["experiment=e", "operator.beta=30", "seed=0", "paths.data_dir=D",
+                                        "trainer.max_steps=5"]).write(tmp_path / "e" / "beta30_seed0" / "results.json")
     assert cells.main(["e", "--grid", "operator.beta=30", "--seeds", "0,1", "--out", str(tmp_path), "--dry-run",
                        "--", "paths.data_dir=D", "trainer.max_steps=5"]) == {"jobs": 2}
     out = capsys.readouterr().out.splitlines()

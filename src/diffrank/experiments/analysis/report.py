@@ -20,7 +20,10 @@ over the runs (seeds) sharing the same ``paper`` key, Δ = ours − paper, and t
 reference metric ``M`` is ``<prefix><m>`` with m = M lower-cased (``EM`` → ``test/em``, ``top1`` → ``test/top1``); our
 fractions are shown in % unless the reference row's note says it is printed as a fraction. Older records of a table row
 run with another operator (``paper`` null, ``variant_of`` the row; such runs are refused now) are skipped, never shown
-as the row's method. The budget column is the optimizer steps actually taken × the global batch (``results.json`` fields
+as the row's method. Only finished runs (``status: done``) are pooled, one per (config, seed); a run whose
+command line changed the row's config (anything but the seed, where it ran, and what has a column of its own) is
+a variant of the row, on a line of its own; a line pooling runs of several code versions lists them. The budget
+column is the optimizer steps actually taken × the global batch (``results.json`` fields
 ``optimizer_steps`` / ``global_batch``, summed over DDP ranks; older records:
 :meth:`~diffrank.experiments.records.record.RunRecord.from_dict`).
 
@@ -81,6 +84,10 @@ def markdown(result: dict[str, Any]) -> str:
                     "that table's row (also in its own section, counted once); Δ is against the number as printed "
                     "here."]
         out.append("")
+    if result.get("not_done"):
+        out += ["## Runs left out: not finished (diverged, interrupted or failed)", ""]
+        out += [f"- `{path}`: {status}" for path, status in result["not_done"]]
+        out.append("")
     if result["unmatched"]:
         out += ["## Runs whose `paper` key matches no reference row", ""]
         out += [f"- `{path}`: `{json.dumps(key)}`" for path, key in result["unmatched"]]
@@ -137,6 +144,8 @@ def print_console(result: dict[str, Any]) -> None:
         console.print(t)
     for path, key in result["unmatched"]:
         console.print(f"[yellow]no reference row for[/yellow] {path}: {key}")
+    for path, status in result.get("not_done", []):
+        console.print(f"[yellow]left out ({status}):[/yellow] {path}")
 
 
 def write_report(paths: Iterable[str | Path], out: str | Path = "outputs/report", metric_prefix: str = "test/",

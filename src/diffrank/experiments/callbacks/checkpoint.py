@@ -22,6 +22,7 @@ that folder lies on another file system.)
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,8 @@ from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
+
+from diffrank.experiments.records.record import no_space_error
 
 TIE_RULES = ("later", "earlier")
 
@@ -133,6 +136,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     A run killed while saving leaves the previous checkpoint intact (and at most a ``.*.tmp`` file). Remote
     paths (``s3://`` …) go through Lightning's writer.
+
+    Raises:
+        OSError: (errno ENOSPC) the disk is full; the message names the checkpoint (torch's own error says
+            ``unexpected pos …``).
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
@@ -148,5 +155,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
+        except (OSError, RuntimeError) as e:
+            # torch's writer reports a full disk as "unexpected pos …" (ENOSPC only in the chained cause)
+            if no_space_error(e) is not None:
+                raise OSError(errno.ENOSPC, f"no space left on device writing checkpoint {path} "
+                                            f"(torch: {str(e).splitlines()[0][:200]})", str(path)) from e
+            raise
         finally:
             tmp.unlink(missing_ok=True)
+

@@ -1,4 +1,5 @@
-"""Hydra callbacks (``hydra.callbacks`` in ``configs/hydra/default.yaml``): a multirun ends in an answer.
+"""Hydra callbacks (``hydra.callbacks`` in ``configs/hydra/default.yaml``): a multirun ends in an answer, and a
+single run never starts in another run's folder (:class:`RunFolderGuard`).
 
 :class:`SweepSummary`:
 
@@ -14,8 +15,10 @@
 
 Hydra calls ``on_multirun_end`` only when every job succeeded (a failed job makes the sweeper raise at the end):
 from the first failed job on, ``on_job_end`` writes the summary after every job instead (the failed jobs listed
-with their errors). ``python -m diffrank.experiments.analysis.sweep_summary SWEEP_DIR`` writes the same files at any
-time.
+with their errors). A job stopped by SIGTERM / SIGINT
+(:class:`~diffrank.experiments.records.folder.RunInterrupted`) ends the process there, after the summary, with exit
+status 128 + the signal (a single run too). ``python -m diffrank.experiments.analysis.sweep_summary SWEEP_DIR``
+writes the same files at any time.
 """
 
 from __future__ import annotations
@@ -46,6 +49,36 @@ def optuna_finished_trials(storage: str, study_name: str) -> int:
     return sum(t.state.name in OPTUNA_FINISHED_STATES for t in study.trials)
 
 
+class RunFolderGuard(Callback):
+    """Refuse a single run into a folder that a live run holds or that holds another run's results, before Hydra
+    writes its ``.hydra/`` files there (the training runner refuses it too, but only after Hydra has replaced the
+    other run's ``.hydra/config.yaml`` and ``overrides.yaml``): the checks of
+    :func:`~diffrank.experiments.records.folder.refuse_other_run`. A SLURM requeue (``SLURM_RESTART_COUNT`` > 0)
+    resumes its own folder and passes.
+
+    Raises:
+        SystemExit: (``on_run_start``) the folder is another run's (the message says whose and what to do). Not
+            :class:`~diffrank.experiments.records.folder.FolderTaken` itself: Hydra turns an ``Exception`` raised by
+            a callback into a warning and goes on.
+    """
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Check ``hydra.run.dir`` before the run writes there."""
+        import os
+
+        from diffrank.experiments.records.folder import FolderBusy, FolderLock, FolderTaken, refuse_other_run
+
+        if int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0:
+            return
+        folder = Path(str(config.hydra.run.dir))
+        try:
+            with FolderLock(folder):  # FolderBusy names the live run's process
+                refuse_other_run(folder, config.get("ckpt_path"), None)
+        except (FolderBusy, FolderTaken) as e:
+            log.error("%s", e)
+            raise SystemExit(f"refused: {e}") from None
+
+
 def _uses_wandb(config: DictConfig) -> bool:
     loggers = config.get("logger") or {}
     return any(isinstance(c, DictConfig) and str(c.get("_target_", "")).endswith("WandbLogger")
@@ -71,12 +104,19 @@ class SweepSummary(Callback):
         from hydra.core.utils import JobStatus
         from hydra.types import RunMode
 
+        from diffrank.experiments.records.folder import RunInterrupted
+
         hydra_cfg = config.get("hydra") or {}
-        if hydra_cfg.get("mode") != RunMode.MULTIRUN:
-            return
-        self._failed = self._failed or getattr(job_return, "status", None) == JobStatus.FAILED
-        if self._failed:
-            self._summarize(Path(str(hydra_cfg.sweep.dir)), note="a job failed; summary of the jobs so far")
+        value = getattr(job_return, "_return_value", None)
+        interrupted = value if isinstance(value, RunInterrupted) else None
+        if hydra_cfg.get("mode") == RunMode.MULTIRUN:
+            self._failed = self._failed or getattr(job_return, "status", None) == JobStatus.FAILED
+            if self._failed:
+                note = "interrupted" if interrupted else "a job failed"
+                self._summarize(Path(str(hydra_cfg.sweep.dir)), note=f"{note}; summary of the jobs so far")
+        if interrupted is not None:  # stop here (a sweep starts no further job), as a death by that signal would
+            log.error("%s", interrupted)
+            raise SystemExit(interrupted.exit_code)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Create the sweep folder; shorten a resumed Optuna search to the trials it still lacks."""
@@ -151,4 +191,4 @@ def log_sweep_to_wandb(config: DictConfig, summary: dict[str, Any]) -> None:
         run.finish()
 
 
-__all__ = ["SweepSummary", "log_sweep_to_wandb", "optuna_finished_trials"]
+__all__ = ["RunFolderGuard", "SweepSummary", "log_sweep_to_wandb", "optuna_finished_trials"]

@@ -8,6 +8,12 @@ data config without the keys that only say where or how the data loads. Before `
 current run's: a resume differing in anything refuses, an evaluation differing in the data (another
 ``data.split_seed``: another test set) or the model refuses, unless ``+resume_with_changes=true`` is given,
 and then the differences are recorded in ``results.json`` (``resumed_with_changes``).
+
+Beside it, under :data:`META_KEY`, every checkpoint carries the run's id, its config hash and its segments (one per
+start or resume: the step it started at, the code version, and the settings that change the budget: accumulated
+batches, global batch, the precision the trainer used). A resume keeps the run id (:func:`read_checkpoint` reads it)
+and :func:`check_segment` compares the settings: another code version is warned about (and recorded per segment),
+another budget setting is refused unless ``+resume_with_changes=true``.
 """
 
 from __future__ import annotations
@@ -18,28 +24,92 @@ from typing import Any
 
 import lightning as L
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from diffrank.experiments.records.record import LOADING_KEYS, NOT_THE_CONFIG, code_version, config_hash
 
 log = logging.getLogger(__name__)
 
 KEY = "diffrank_run"
+META_KEY = "diffrank_run_meta"  # {"run_id", "config_hash", "segments": [...]}
+# segment settings that change what a step is: a resume with another value trains another budget
+BUDGET_SETTINGS = ("accumulate_grad_batches", "global_batch", "precision")
 # config groups that say how a run is executed or logged, not what it trains
 EXECUTION_GROUPS = frozenset({"callbacks", "logger", "trainer", "paths", "extras", "hparams_search", "local", "debug",
                               "experiment"})
-# data keys that say where the data lives or how fast it loads, not which data it is
-LOADING_KEYS = frozenset({"data_dir", "root", "download", "num_workers", "pin_memory", "persistent_workers",
-                          "device_resident", "eval_batch_size", "cache_dir"})
 # data keys that shape training only: an evaluation may differ in them
 TRAINING_ONLY_KEYS = frozenset({"data.seed", "data.batch_size"})
 
 
 def _container(node: Any) -> Any:
-    if not isinstance(node, DictConfig):
+    if not isinstance(node, (DictConfig, ListConfig)):
         return node
     try:
         return OmegaConf.to_container(node, resolve=True)
     except Exception:  # noqa: BLE001 - an interpolation needing HydraConfig: the unresolved form still identifies
         return OmegaConf.to_container(node, resolve=False)
+
+
+def resolved_config_hash(cfg: DictConfig) -> str:
+    """:func:`~diffrank.experiments.records.record.config_hash` of ``cfg`` resolved key by key (a key whose
+    interpolation needs what is not there, e.g. ``HydraConfig``, enters unresolved)."""
+    return config_hash({str(k): _container(cfg.get(k)) for k in cfg if k not in NOT_THE_CONFIG})
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The contents of checkpoint ``path`` (memory-mapped: tensors are read when used).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file is not a readable checkpoint (truncated, corrupted, or not a ``torch.save`` of a
+            Lightning checkpoint dict); the message names the file and the cause.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"ckpt_path={path}: no such checkpoint file")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:  # noqa: BLE001 - torch raises RuntimeError, UnpicklingError, EOFError, UnicodeDecodeError…
+        raise ValueError(f"ckpt_path={path} is not a readable checkpoint ({path.stat().st_size} bytes; "
+                         f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}): a file cut short "
+                         f"by a full disk or a copy, damaged, or not a checkpoint; give another one (the run "
+                         f"folder's checkpoints/ holds last.ckpt and the best epoch_*.ckpt)") from None
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise ValueError(f"ckpt_path={path} is not a Lightning checkpoint (a {type(ckpt).__name__}"
+                         f"{' without state_dict' if isinstance(ckpt, dict) else ''}): give a "
+                         f"<run>/checkpoints/*.ckpt file")
+    return ckpt
+
+
+def check_segment(saved: dict[str, Any] | None, segment: dict[str, Any], path: str | Path, *,
+                  allow_changes: bool) -> list[str]:
+    """Compare the last segment of a checkpoint's run (``saved``: its :data:`META_KEY`) with the segment about to
+    resume it: another code version is logged as a warning (the record lists both segments); another budget
+    setting (:data:`BUDGET_SETTINGS`) is refused.
+
+    Returns:
+        The budget differences (``"key: saved → current"``), accepted by ``allow_changes``.
+
+    Raises:
+        ValueError: a budget setting differs and ``allow_changes`` is false.
+    """
+    segments = (saved or {}).get("segments") or []
+    if not segments:
+        return []
+    last = segments[-1]
+    was, now = code_version(last.get("git_sha"), last.get("git_dirty")), \
+        code_version(segment.get("git_sha"), segment.get("git_dirty"))
+    if was != now:
+        log.warning("resuming %s, written by code %s, with code %s: the record lists both segments", path, was, now)
+    diff = [f"{k}: {last.get(k)!r} → {segment.get(k)!r}" for k in BUDGET_SETTINGS
+            if last.get(k) is not None and segment.get(k) is not None and last.get(k) != segment.get(k)]
+    if diff and not allow_changes:
+        raise ValueError(f"ckpt_path={path} was trained with other settings that change the budget: "
+                         f"{'; '.join(diff)}. Resume with the checkpoint's settings, or pass "
+                         f"+resume_with_changes=true (each segment's budget is recorded in results.json)")
+    if diff:
+        log.warning("+resume_with_changes=true: resuming %s with %s", path, "; ".join(diff))
+    return diff
 
 
 def run_identity(cfg: DictConfig, choices: dict[str, Any]) -> dict[str, Any]:
@@ -97,9 +167,10 @@ def check_checkpoint(path: str | Path, identity: dict[str, Any], *, evaluation: 
         (written before this callback existed: a warning says it cannot be checked).
 
     Raises:
-        ValueError: the identities differ and ``allow_changes`` is false (the message lists the keys).
+        ValueError: the identities differ and ``allow_changes`` is false (the message lists the keys); the file
+            is not a readable checkpoint (:func:`read_checkpoint`).
     """
-    saved = torch.load(path, map_location="cpu", weights_only=False, mmap=True).get(KEY)
+    saved = read_checkpoint(path).get(KEY)
     if saved is None:
         log.warning("%s holds no run identity (written before diffrank.experiments.callbacks.RunIdentity): "
                     "cannot check that it was trained with this run's choices", path)
@@ -119,15 +190,32 @@ def check_checkpoint(path: str | Path, identity: dict[str, Any], *, evaluation: 
 
 
 class RunIdentity(L.Callback):
-    """Writes the run's :func:`run_identity` into every checkpoint under :data:`KEY`.
+    """Writes the run's :func:`run_identity` into every checkpoint under :data:`KEY`, and its id, config hash and
+    segments under :data:`META_KEY`.
 
     Args:
         identity: the run's identity (JSON-like).
+        meta: ``{"run_id", "config_hash", "segments"}``: the segments before this one (a resumed run's, from its
+            checkpoint; empty for a new run).
+        segment: this segment's code version and budget settings (``from_step`` is set when training starts).
     """
 
-    def __init__(self, identity: dict[str, Any]) -> None:
+    def __init__(self, identity: dict[str, Any], meta: dict[str, Any] | None = None,
+                 segment: dict[str, Any] | None = None) -> None:
         self.identity = identity
+        self.meta = dict(meta or {})
+        self.segment = dict(segment or {})
+
+    @property
+    def segments(self) -> list[dict[str, Any]]:
+        """The run's segments so far, this one last."""
+        return [*(self.meta.get("segments") or []), self.segment]
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """This segment starts at the step the run resumed from (0 for a new run)."""
+        self.segment["from_step"] = int(trainer.global_step)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        """Add the identity to ``checkpoint``."""
+        """Add the identity and the run's id, config hash and segments to ``checkpoint``."""
         checkpoint[KEY] = self.identity
+        checkpoint[META_KEY] = {**self.meta, "segments": self.segments}

@@ -11,7 +11,9 @@ epoch-1 CPU runs (640 records) take 80 kB.
     python -m diffrank.experiments.analysis.report results outputs      # archives and run folders together
 
 The report (:func:`diffrank.experiments.analysis.report.collect`) and the P_K report read archives wherever they read
-run folders (:func:`find_records`); a run found both in an archive and in its folder counts once.
+run folders (:func:`find_records`); a run found both in an archive and in its folder counts once. Runs are told
+apart by their ``run_id`` (older records: by their folder): a new run into the folder of an archived one is another
+run, kept beside it.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ SUFFIX = ".jsonl.gz"
 
 
 def _identity(path: Path, rec: RunRecord) -> tuple:
-    # one run folder holds one run (a resumed run rewrites its record); the device tells apart folders of the
-    # same name on two machines
+    # a run is its run_id (kept by its resumes, new for a re-run into the same folder); older records: one run
+    # folder held one run, and the device tells apart folders of the same name on two machines
+    if rec.run_id:
+        return ("id", rec.run_id)
     if rec.run_dir:
         return ("run", rec.run_dir, rec.device)
     return ("file", str(path.resolve()))

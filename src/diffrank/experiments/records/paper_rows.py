@@ -23,6 +23,8 @@ from diffrank.experiments.records.record import RunRecord
 
 # the columns that identify a reference row to a reader; shown when they vary inside a table
 SIGNIFICANCE = 0.05  # thesis §7.5.1: "significance tests (significance level 0.05)"
+# statuses of runs that did not finish: never pooled with finished ones
+NOT_RESULTS = ("diverged", "interrupted", "failed")
 LABEL_COLUMNS = ("dataset", "model", "method", "operator", "sigmoid", "network", "n", "pk", "m", "setting")
 
 
@@ -59,11 +61,15 @@ def collect_runs(records: Iterable[tuple[str | Path, RunRecord]], metric_prefix:
     """Match run records to the reference rows (what :func:`collect` does after reading the files; a finishing
     run calls it on its own record to log the comparison to W&B).
 
-    Runs are pooled (as seeds) when they share the reference row (:attr:`RunRecord.table_row`), the data
-    (:attr:`~RunRecord.data_kind`: generated or swapped-in data never pools with the row's), the budget
-    (:attr:`~RunRecord.budget`: a short check of a row is not one of its seeds), the Newton loss's λ
+    Diverged, interrupted and failed runs (:data:`NOT_RESULTS`) never count: they are listed under ``not_done``.
+    Runs are pooled (as seeds) when they share the reference row (:attr:`RunRecord.table_row`), the command-line
+    changes to the row's config (:attr:`~RunRecord.variant`: a run with another learning rate is a variant of the
+    row, never the row), the data (:attr:`~RunRecord.data_kind`: generated or swapped-in data never pools with the
+    row's), the budget (:attr:`~RunRecord.budget`: a short check of a row is not one of its seeds), the Newton loss's λ
     (:attr:`~RunRecord.tikhonov`) and the kind of device (:attr:`~RunRecord.device_kind`: a seed run on two devices
-    is one seed twice, same initialisation and data order).
+    is one seed twice, same initialisation and data order); and each (config, seed) once
+    (:attr:`~RunRecord.pool_key`: of two runs of the same config and seed, the later is kept, the other counted
+    under ``duplicates``). A line whose runs ran different code versions lists them (``codes``).
 
     Args:
         records: ``(path of the results.json, record)`` pairs.
@@ -72,19 +78,26 @@ def collect_runs(records: Iterable[tuple[str | Path, RunRecord]], metric_prefix:
             W&B comparison does not).
 
     Returns:
-        The same dict as :func:`collect`; a copied row's line has ``copy_of`` (``"<paper> Table <table>"``).
+        The same dict as :func:`collect`, with ``not_done`` (``[(path, status)]``); a line also has ``variant``,
+        ``codes`` (the code versions of its runs) and ``duplicates``; a copied row's line has ``copy_of``
+        (``"<paper> Table <table>"``).
     """
     groups: dict[tuple, list[tuple[Path, RunRecord]]] = defaultdict(list)
-    unmatched, skipped, runs = [], 0, 0
+    unmatched, not_done, skipped, runs = [], [], 0, 0
     for path, rec in records:
         row = rec.table_row
         if row is None:  # no paper key, an older variant run, or a benchmark cell (report_pk's)
             skipped += 1
             continue
+        if rec.status in NOT_RESULTS:  # a diverged or interrupted run is no result
+            not_done.append((str(path), rec.status))
+            continue
         runs += 1
-        groups[(_key(row), rec.data_kind, rec.budget, rec.tikhonov, rec.device_kind)].append((Path(path), rec))
+        groups[(_key(row), rec.data_kind, rec.budget, rec.tikhonov, rec.device_kind, rec.variant)].append(
+            (Path(path), rec))
     tables: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for (key, data, budget, tikhonov, device), members in groups.items():
+    for (key, data, budget, tikhonov, device, variant), members in groups.items():
+        members, duplicates = _one_per_config(members)
         try:
             rows = reference.match(dict(key))
         except KeyError:
@@ -108,7 +121,8 @@ def collect_runs(records: Iterable[tuple[str | Path, RunRecord]], metric_prefix:
                 "delta": mean - paper_value if ours else math.nan, "runs": len(ours),
                 "budget": budget, "tikhonov": tikhonov, "device": device,
                 "run_dirs": [str(p.parent) for p, _ in members], "selected": selected,
-                "data": data,
+                "data": data, "variant": variant, "duplicates": duplicates,
+                "codes": sorted({r.code for _, r in members}),
             })
     if copies:
         for key, lines in copy_lines(tables).items():
@@ -118,7 +132,19 @@ def collect_runs(records: Iterable[tuple[str | Path, RunRecord]], metric_prefix:
     for lines in tables.values():
         lines.sort(key=lambda ln: tuple(_sort_value(ln["row"].get(c, "")) for c in (*LABEL_COLUMNS, "metric")))
         significance(lines)
-    return {"tables": dict(sorted(tables.items())), "unmatched": unmatched, "skipped": skipped, "runs": runs}
+    return {"tables": dict(sorted(tables.items())), "unmatched": unmatched, "skipped": skipped, "runs": runs,
+            "not_done": not_done}
+
+
+def _one_per_config(members: list[tuple[Path, RunRecord]]) -> tuple[list[tuple[Path, RunRecord]], int]:
+    """One run per (config, seed) (:attr:`RunRecord.pool_key`): the latest by ``finished_at``; and how many were
+    left out (a re-run of the same seed is not a second seed)."""
+    latest: dict[Any, tuple[Path, RunRecord]] = {}
+    for path, rec in members:
+        key = rec.pool_key or ("path", str(path))
+        if key not in latest or (rec.finished_at or "") >= (latest[key][1].finished_at or ""):
+            latest[key] = (path, rec)
+    return list(latest.values()), len(members) - len(latest)
 
 
 def _baseline(line: dict[str, Any], baselines: list[dict[str, Any]],
@@ -133,7 +159,7 @@ def _baseline(line: dict[str, Any], baselines: list[dict[str, Any]],
         def cell(ln: dict[str, Any], ignored: tuple[str, ...] = ignored) -> tuple:
             """A line's cell key without the ``ignored`` label columns."""
             return (*(ln["row"].get(c, "") for c in LABEL_COLUMNS if c not in ignored), ln["metric"], ln["budget"],
-                    ln.get("data", ""), ln.get("device", ""))
+                    ln.get("data", ""), ln.get("device", ""), ln.get("variant", ""))
         found = [b for b in baselines if cell(b) == cell(line)]
         if len(found) == 1:
             return found[0]
@@ -338,6 +364,15 @@ def table_rows(lines: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]
     selected = any(ln.get("selected") for ln in lines)
     if selected:
         header.append("selected")
+    variants = any(ln.get("variant") for ln in lines)
+    if variants:  # a run with other settings than the row's is that row's variant, never the row
+        header.insert(len(cols), "variant of the row")
+    codes = any(len(ln.get("codes") or ()) > 1 for ln in lines)
+    if codes:  # runs of different code versions pooled in one line: say which
+        header.append("code versions")
+    duplicates = any(ln.get("duplicates") for ln in lines)
+    if duplicates:
+        header.append("re-runs left out")
     compared = any(ln.get("vs_regular") for ln in lines)
     if compared:
         header += ["paper − Regular", "ours − Regular (Welch p)"]
@@ -350,10 +385,14 @@ def table_rows(lines: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]
             delta = delta[1:]
         if delta != "—" and not delta.startswith("-"):
             delta = "+" + delta
-        cells.append([*(ln["row"].get(c, "") for c in cols), *([ln.get("data") or "real"] if other_data else []),
+        cells.append([*(ln["row"].get(c, "") for c in cols), *([ln.get("variant") or ""] if variants else []),
+                      *([ln.get("data") or "real"] if other_data else []),
                       ln["metric"], ln["row"]["value"] or "—", ours, delta,
                       str(ln["runs"]), ln["budget"], *([ln.get("tikhonov") or ""] if newton else []),
                       *([ln.get("device", "")] if devices else []),
                       *([ln.get("selected") or ""] if selected else []),
+                      *([", ".join(ln.get("codes") or ()) if len(ln.get("codes") or ()) > 1 else ""] if codes
+                        else []),
+                      *([str(ln.get("duplicates") or "")] if duplicates else []),
                       *(_vs_regular(ln, digits) if compared else ())])
     return header, cells

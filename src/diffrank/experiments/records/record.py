@@ -3,6 +3,8 @@ package versions, the compute environment that decides the bits)."""
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import importlib.metadata
 import json
 import math
@@ -157,6 +159,54 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
     return path
 
 
+# data keys that say where the data lives or how fast it loads, not which data it is
+LOADING_KEYS = frozenset({"data_dir", "root", "download", "num_workers", "pin_memory", "persistent_workers",
+                          "device_resident", "eval_batch_size", "cache_dir"})
+# config keys that say where a run writes, how it logs or how it was started, not what it computes: left out of its
+# config hash (two runs differing only in these are the same config)
+NOT_THE_CONFIG = frozenset({"paths", "hydra", "logger", "extras", "ckpt_path", "resume_with_changes", "skip_finished",
+                            "tags", "task_name", "trainer.enable_progress_bar", "trainer.enable_model_summary",
+                            "callbacks.rich_progress_bar", *(f"data.{k}" for k in LOADING_KEYS)})
+# command-line overrides that do not make a run a variant of its experiment's row: where it runs and writes, its
+# seed, and what the report shows in a column of its own (budget, precision, data, β selection, Newton λ, device)
+ROW_OVERRIDES = ("experiment", "seed", "paths.", "hydra.", "extras.", "logger", "ckpt_path", "resume_with_changes",
+                 "skip_finished", "train", "test", "tags", "task_name", "hparams_search", "local",
+                 "callbacks.rich_progress_bar", "trainer.enable_progress_bar", "trainer.enable_model_summary",
+                 "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.strategy",
+                 "trainer.max_steps", "trainer.max_epochs", "trainer.precision", "data", "operator.beta",
+                 "newton.tikhonov", *(f"data.{k}" for k in LOADING_KEYS))
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """A 16-hex-digit SHA-256 of a run's config (a JSON-like dict, ideally resolved) without the keys of
+    :data:`NOT_THE_CONFIG`: equal for two runs of the same config and seed wherever they wrote."""
+    def strip(node: Any, prefix: str) -> Any:
+        if not isinstance(node, dict):
+            return node
+        return {str(k): strip(v, f"{prefix}{k}.") for k, v in node.items() if f"{prefix}{k}" not in NOT_THE_CONFIG}
+
+    text = json.dumps(strip(config, ""), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def no_space_error(error: BaseException) -> OSError | None:
+    """The ``OSError`` with errno ENOSPC (disk full) that is ``error`` or in its chain of causes, else None (torch's
+    checkpoint writer reports a full disk as ``unexpected pos …``, the ENOSPC only in the chained cause)."""
+    seen, e = set(), error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def code_version(sha: str | None, dirty: bool | None) -> str:
+    """A code version as the report prints it: the first 10 digits of the git SHA, ``+dirty`` for uncommitted
+    changes, ``?`` when unknown."""
+    return f"{sha[:10]}{'+dirty' if dirty else ''}" if sha else "?"
+
+
 SCHEMA = 2  # 1: records written before RunRecord (no "schema" key)
 RECORD_FILE = "results.json"  # the name of a run's record in its run folder: every reader and writer uses this
 # the field of a ``paper`` key that marks a cell of a published table's grid run on another dataset (its value)
@@ -171,7 +221,14 @@ class RunRecord:
     the offline P_K report, the sweep summary and skip-finished read it (:meth:`read`), so field fallbacks live
     here only (:meth:`from_dict` upgrades older records).
 
-    Fields (JSON types): ``status`` ("done" | "failed" | "incomplete"); ``schema`` (:data:`SCHEMA`);
+    Fields (JSON types): ``status`` ("done" | "failed" | "incomplete" | "interrupted": stopped by SIGTERM / SIGINT,
+    ``resume_command`` says how to go on | "diverged": stopped by the divergence guard, ``error`` says why; only
+    "done" runs are results); ``schema`` (:data:`SCHEMA`);
+    ``run_id`` (the run's identity: kept by a resume of it, new for every other run; the archive and the report
+    tell runs apart by it, not by their folder), ``config_hash`` (:func:`config_hash` of the resolved config: one
+    run per (config, seed) is pooled), ``segments`` (one per start or resume of the run: ``{"from_step",
+    "git_sha", "git_dirty", "accumulate_grad_batches", "global_batch", "precision"}``), ``precision`` (the
+    precision the trainer used, which is not always the one asked for: ``16-mixed`` on a CPU runs ``bf16-mixed``);
     ``metrics`` (``{"test/top1": fraction, ...}``); ``paper`` (the one key saying which published table the run
     belongs to, or None: a reference row's columns, :attr:`table_row`; or, with a ``benchmark`` field, a cell of a
     published grid on another dataset, :attr:`benchmark_cell`),
@@ -189,6 +246,8 @@ class RunRecord:
 
     status: str = "incomplete"
     schema: int = SCHEMA
+    run_id: str | None = None
+    config_hash: str | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     task_name: str | None = None
     paper: Any = None
@@ -219,6 +278,9 @@ class RunRecord:
     run_dir: str | None = None
     sweep_dir: str | None = None
     error: str | None = None
+    resume_command: str | None = None
+    precision: str | None = None
+    segments: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -249,6 +311,7 @@ class RunRecord:
         rec.metrics = rec.metrics or {}
         rec.overrides = [str(o) for o in rec.overrides or []]
         rec.config = rec.config or {}
+        rec.segments = list(rec.segments or [])
         bench = rec.config.get(BENCHMARK)
         if rec.paper is None and isinstance(bench, dict):
             rec.paper = {BENCHMARK: bench.get("dataset"), **{k: v for k, v in bench.items() if k != "dataset"}}
@@ -320,11 +383,56 @@ class RunRecord:
     def budget(self) -> str:
         """``"<steps>×<global batch>"``: optimizer steps actually taken (:attr:`steps`) times the sets / images per
         step over all DDP ranks (``"?"`` when either is unknown), with the precision appended when it is not
-        float32 (``"10000×4 bf16-mixed"``: such a run is not a seed of the float32 runs)."""
+        float32 (``"10000×4 bf16-mixed"``: such a run is not a seed of the float32 runs; the precision used,
+        :attr:`precision`, else the one asked for). A run resumed with another global batch
+        (``+resume_with_changes=true``) shows its :attr:`segments`: ``"4×128+2×256"``."""
         steps, batch = self.steps, self.global_batch
         budget = f"{steps}×{batch}" if steps is not None and batch is not None else "?"
-        precision = str(self.planned("trainer.precision", ("trainer", "precision")) or "32-true")
+        parts = self._segment_budgets()
+        if parts and len({b for _, b in parts}) > 1:
+            budget = "+".join(f"{s}×{b}" for s, b in parts)
+        precision = str(self.precision or self.planned("trainer.precision", ("trainer", "precision")) or "32-true")
         return budget if precision in ("32-true", "32", "32-bit") else f"{budget} {precision}"
+
+    def _segment_budgets(self) -> list[tuple[int, Any]]:
+        """``(steps, global batch)`` per segment (when every start is known), the last ending at
+        :attr:`optimizer_steps`."""
+        starts = [s.get("from_step") for s in self.segments]
+        if not starts or any(not isinstance(s, int) for s in starts) or not isinstance(self.optimizer_steps, int):
+            return []
+        ends = [*starts[1:], self.optimizer_steps]
+        return [(e - s, seg.get("global_batch")) for s, e, seg in zip(starts, ends, self.segments) if e > s]
+
+    @property
+    def pool_key(self) -> str | None:
+        """What makes two records the same run for pooling: the recorded :attr:`config_hash` of the resolved
+        config and seed, else (older records) :func:`config_hash` of the recorded config, seed and the overrides
+        that are not locations; None for a record that names no seed (nothing says which seed it is)."""
+        if self.config_hash:
+            return self.config_hash
+        if self.seed is None and self.config.get("seed") is None:
+            return None
+        where = ("paths.", "hydra.", "extras.", "logger", "ckpt_path")
+        overrides = sorted(o for o in self.overrides if not o.lstrip("+~").startswith(where))
+        return config_hash({"config": self.config, "seed": self.seed, "overrides": overrides})
+
+    @property
+    def code(self) -> str:
+        """The code version (:func:`code_version`) of the run; ``"a+b"`` when its segments ran different ones."""
+        seen = [code_version(s.get("git_sha"), s.get("git_dirty")) for s in self.segments] \
+            or [code_version(self.git_sha, self.git_dirty)]
+        return "+".join(dict.fromkeys(seen))
+
+    @property
+    def variant(self) -> str:
+        """The command-line overrides that make this run differ from its experiment's row (all but the seed, where
+        it ran and what the report shows in columns of its own: :data:`ROW_OVERRIDES`), space-separated and sorted;
+        ``""`` for a run of the row as configured."""
+        def keep(o: str) -> bool:
+            key = o.lstrip("+~").split("=", 1)[0]
+            return not any(key == r or (r.endswith(".") and key.startswith(r)) for r in ROW_OVERRIDES)
+
+        return " ".join(sorted(o for o in self.overrides if keep(o)))
 
     @property
     def beta(self) -> float | None:

@@ -11,8 +11,9 @@ import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
 from diffrank.experiments.algorithms.newton import with_newton
-from diffrank.experiments.callbacks import ResumeState, RunIdentity
+from diffrank.experiments.callbacks import DivergenceGuard, ResumeState, RunIdentity
 from diffrank.experiments.callbacks.run_identity import run_identity
+from diffrank.experiments.records.record import git_state
 from diffrank.experiments.run.composition import check_model_fits_data, drop_unused_groups, prepare
 from diffrank.experiments.run.instantiate import instantiate
 
@@ -69,8 +70,12 @@ def build(cfg: DictConfig, info: dict[str, Any]) -> Built:
         callbacks = [c for c in callbacks if not isinstance(c, L.pytorch.callbacks.ProgressBar)]
     if not any(isinstance(c, ResumeState) for c in callbacks):
         callbacks.append(ResumeState())  # RNG states and sampler position in every checkpoint (exact resume)
+    if not any(isinstance(c, DivergenceGuard) for c in callbacks):
+        callbacks.append(DivergenceGuard())  # a diverged run stops and is recorded as diverged, not done
     identity = run_identity(cfg, used["choices"])
-    callbacks.append(RunIdentity(identity))  # a resume / evaluation with other choices is refused
+    # a resume / evaluation with other choices is refused; the run's id and segments go into every checkpoint
+    run_meta = RunIdentity(identity, info.get("run"), git_state())
+    callbacks.append(run_meta)
     paper = OmegaConf.to_container(cfg.paper, resolve=True) if isinstance(cfg.get("paper"), DictConfig) \
         else cfg.get("paper")
     loggers = [instantiate(c, **_wandb_kwargs(c, cfg, used["choices"], paper, info))
@@ -81,6 +86,10 @@ def build(cfg: DictConfig, info: dict[str, Any]) -> Built:
     if global_batch is not None and world_size > 1:
         # data.batch_size is the global batch: each rank loads its share (same steps per epoch as 1 process)
         datamodule.batch_size = _per_device_batch(int(global_batch), world_size)
+    accumulate = int(cfg.trainer.get("accumulate_grad_batches") or 1)
+    # the settings that decide what a step is; the precision the trainer uses (16-mixed on a CPU runs bf16-mixed)
+    run_meta.segment.update(accumulate_grad_batches=accumulate, precision=str(trainer.precision),
+                            global_batch=None if global_batch is None else int(global_batch) * accumulate)
     return Built(cfg, used, info, paper, datamodule, loss, model, trainer, loggers, identity)
 
 

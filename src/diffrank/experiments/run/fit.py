@@ -23,6 +23,19 @@ from diffrank.experiments.run.instantiate import instantiate
 log = logging.getLogger(__name__)
 
 
+def _moved_best(best: str, ckpt_path: str | None) -> str:
+    """The best checkpoint's path, or, when that file is gone and a file of its name lies beside ``ckpt_path``
+    (the resumed run's folder was moved or copied), that file."""
+    if not best or Path(best).is_file() or ckpt_path is None:
+        return best
+    beside = Path(ckpt_path).resolve().parent / Path(best).name
+    if beside.is_file():
+        log.info("best checkpoint %s is gone; the file of its name beside ckpt_path, %s, is tested (the run folder "
+                 "was moved)", best, beside)
+        return str(beside)
+    return best
+
+
 def checkpoint_info(path: str | Path) -> dict[str, Any]:
     """``{"path", "epoch", "global_step"}`` of a Lightning checkpoint file (read without building anything)."""
     ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
@@ -84,6 +97,7 @@ def fit_and_test(cfg: DictConfig, trainer: L.Trainer, model: L.LightningModule, 
         out["fit"] = dict(trainer.callback_metrics)
         cb = trainer.checkpoint_callback
         best = getattr(cb, "best_model_path", "") if cb is not None else ""
+        best = _moved_best(best, ckpt_path)
         if best and Path(best).is_file():
             tested = best
             score = getattr(cb, "best_model_score", None)
@@ -91,7 +105,9 @@ def fit_and_test(cfg: DictConfig, trainer: L.Trainer, model: L.LightningModule, 
                            "ties": getattr(cb, "ties", "earlier")}
         else:
             if best:
-                log.warning("best checkpoint %s is gone: testing the current weights", best)
+                log.warning("best checkpoint %s is gone (and not beside ckpt_path): testing the current weights",
+                            best)
+                out["best_checkpoint_missing"] = best
             else:
                 log.warning("no best checkpoint (e.g. fast_dev_run): testing the current weights")
             selected_by = None

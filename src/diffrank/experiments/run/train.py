@@ -10,13 +10,25 @@ overrides returns it without training (``skip_finished``), so re-running a stopp
 (``hydra.sweep.dir=…``) trains only what is missing. ``data.batch_size`` is the *global* batch: under DDP each
 of the ``world_size`` processes gets ``batch_size / world_size`` (``results.json`` records ``world_size``,
 ``per_device_batch``, ``global_batch`` and the ``optimizer_steps`` taken).
+
+Every run has an id (kept by a resume of it) and a config hash, written into its checkpoints and its record; it
+holds its folder's lock while it runs, and a new run into a folder holding another run is refused
+(:mod:`diffrank.experiments.records.folder`). SIGTERM / SIGINT stop a run with ``status: interrupted`` and the
+resume command in its record and a non-zero exit status (128 + the signal); a run stopped by the divergence guard
+(:class:`~diffrank.experiments.callbacks.DivergenceGuard`) is recorded as ``diverged``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shlex
+import signal
+import threading
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +36,29 @@ import hydra
 import lightning as L
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from diffrank.experiments.records.folder import folder_state
+from diffrank.experiments.callbacks import DivergenceGuard, RunIdentity
+from diffrank.experiments.callbacks.run_identity import (
+    META_KEY,
+    check_segment,
+    read_checkpoint,
+    resolved_config_hash,
+)
+from diffrank.experiments.records.folder import (
+    LAST_CHECKPOINT,
+    FolderBusy,
+    FolderLock,
+    FolderTaken,
+    RunInterrupted,
+    folder_state,
+    refuse_other_run,
+)
 from diffrank.experiments.records.record import (
     RECORD_FILE,
     RunRecord,
     compute_environment,
     device_description,
     git_state,
+    no_space_error,
     to_float,
     versions,
 )
@@ -109,20 +137,52 @@ def _trained_steps(trainer: L.Trainer, done: dict[str, Any]) -> int:
     return steps
 
 
+def _main_process() -> bool:
+    """Whether this process is the run's main one (rank 0 of node 0: it owns the folder's lock and record)."""
+    return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
+
+
+def run_meta(cfg: DictConfig) -> dict[str, Any]:
+    """The run's id, config hash and earlier segments: a training run resumed from ``ckpt_path`` continues that
+    checkpoint's run (its id and segments); any other run gets a new id.
+
+    Raises:
+        FileNotFoundError / ValueError: ``ckpt_path`` is missing or not a readable checkpoint
+            (:func:`~diffrank.experiments.callbacks.run_identity.read_checkpoint`).
+    """
+    meta: dict[str, Any] = {"run_id": uuid.uuid4().hex, "config_hash": resolved_config_hash(cfg), "segments": []}
+    ckpt = cfg.get("ckpt_path")
+    if ckpt is not None:
+        saved = read_checkpoint(ckpt).get(META_KEY) or {}
+        if cfg.get("train", True) and saved.get("run_id"):
+            meta.update(run_id=saved["run_id"], segments=list(saved.get("segments") or []))
+        meta["checkpoint_meta"] = saved
+    return meta
+
+
 def run_fit(built: Built) -> dict[str, Any]:
-    """Log the hyperparameters, resume a repeated job from its ``last.ckpt`` (:func:`_resume_path`), then fit and
-    test the selected checkpoint, or (``train=false ckpt_path=…``) evaluate a checkpoint
-    (:func:`~diffrank.experiments.run.fit.fit_and_test`, whose result this returns)."""
+    """Log the hyperparameters, check that a resume keeps the budget (the code version is warned about:
+    :func:`~diffrank.experiments.callbacks.run_identity.check_segment`), then fit and test the selected
+    checkpoint, or (``train=false ckpt_path=…``) evaluate a checkpoint
+    (:func:`~diffrank.experiments.run.fit.fit_and_test`, whose result this returns, with the accepted budget
+    changes added to ``checkpoint_changes``)."""
     cfg = built.cfg
     for lg in built.loggers:
         lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
-    resume = _resume_path(cfg, built.info["multirun"])
-    if resume:
-        log.info("resuming this job from its own %s (SLURM restart count %s)", resume,
-                 os.environ.get("SLURM_RESTART_COUNT", "0"))
-        with open_dict(cfg):
-            cfg.ckpt_path = resume
-    return fit_and_test(cfg, built.trainer, built.model, built.datamodule, built.loggers, built.identity)
+    budget_changes: list[str] = []
+    meta = built.info.get("run") or {}
+    if cfg.get("ckpt_path") is not None and cfg.get("train", True):
+        segment = _callback(built, RunIdentity).segment
+        budget_changes = check_segment(meta.get("checkpoint_meta"), segment, cfg.ckpt_path,
+                                       allow_changes=bool(cfg.get("resume_with_changes", False)))
+    done = fit_and_test(cfg, built.trainer, built.model, built.datamodule, built.loggers, built.identity)
+    if budget_changes:
+        done["checkpoint_changes"] = [*(done.get("checkpoint_changes") or []), *budget_changes]
+    return done
+
+
+def _callback(built: Built, kind: type) -> Any:
+    return next((c for c in built.trainer.callbacks if isinstance(c, kind)), None)
 
 
 def make_record(built: Built, done: dict[str, Any], metrics: dict[str, float], wall_time_s: float) -> RunRecord:
@@ -139,8 +199,14 @@ def make_record(built: Built, done: dict[str, Any], metrics: dict[str, float], w
     else:
         global_step = steps if steps is not None else int(trainer.global_step)
     env = compute_environment()
+    guard, ident = _callback(built, DivergenceGuard), _callback(built, RunIdentity)
+    meta = info.get("run") or {}
+    diverged = getattr(guard, "reason", None)
     return RunRecord(
-        status="done", task_name=cfg.get("task_name"), paper=built.paper,
+        status="diverged" if diverged else "done", error=f"diverged: {diverged}" if diverged else None,
+        run_id=meta.get("run_id"), config_hash=meta.get("config_hash"),
+        segments=ident.segments if ident is not None else [], precision=str(trainer.precision),
+        task_name=cfg.get("task_name"), paper=built.paper,
         metrics=metrics, choices=built.used["choices"], overrides=info["overrides"], seed=cfg.get("seed"),
         split_seed=cfg.data.get("split_seed") if cfg.get("data") else None,
         # generated stand-ins for unavailable data (diffrank.experiments.data.warcraft_like) say so in every record
@@ -150,10 +216,14 @@ def make_record(built: Built, done: dict[str, Any], metrics: dict[str, float], w
         accumulate_grad_batches=accumulate,
         global_batch=None if per_device is None else int(per_device) * world_size * accumulate,
         evaluated_checkpoint=done["evaluated_checkpoint"], checkpoint=done["checkpoint"],
-        resumed_with_changes=done.get("checkpoint_changes"), **git_state(),
+        # the code this segment started with (the checkout may change while it runs)
+        resumed_with_changes=done.get("checkpoint_changes"),
+        **({k: ident.segment.get(k) for k in ("git_sha", "git_dirty")} if ident is not None else git_state()),
         versions=versions(), wall_time_s=wall_time_s, finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         device=device_description(env), compute=env, run_dir=info["run_dir"], sweep_dir=info["sweep_dir"],
         config=OmegaConf.to_container(cfg, resolve=False),
+        extra={"best_checkpoint_missing": done["best_checkpoint_missing"]} if done.get("best_checkpoint_missing")
+        else {},
     )
 
 
@@ -176,7 +246,10 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
 
     Raises:
         ValueError: unknown or incompatible choices (e.g. a loss that the operator cannot serve), or a global
-            batch that the world size does not divide.
+            batch that the world size does not divide; an unreadable ``ckpt_path``, or one whose budget settings
+            differ (:func:`run_fit`).
+        FolderBusy: a live run holds ``paths.output_dir`` (its lock).
+        FolderTaken: ``paths.output_dir`` holds another run that this one does not resume.
     """
     t0 = time.time()
     info = _hydra_info()
@@ -185,6 +258,30 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
         log.info("skipping %s: it already finished (results.json with the same overrides); delete that folder "
                  "to train it again", cfg.paths.output_dir)
         return dict(finished.get("metrics") or {}), {"results": finished, "skipped": True}
+    resume = _resume_path(cfg, info["multirun"])
+    if resume:
+        log.info("resuming this job from its own %s (SLURM restart count %s)", resume,
+                 os.environ.get("SLURM_RESTART_COUNT", "0"))
+        with open_dict(cfg):
+            cfg.ckpt_path = resume
+    out = cfg.paths.get("output_dir") if cfg.get("paths") else None
+    lock = FolderLock(out) if out and _main_process() else None
+    if lock is not None:
+        lock.acquire()  # FolderBusy: a live run writes there
+    try:
+        info["run"] = run_meta(cfg)
+        if lock is not None:
+            refuse_other_run(out, cfg.get("ckpt_path"), info["run"]["run_id"])
+        return _train_built(cfg, info, t0)
+    except BaseException as e:
+        e.diffrank_run = info.get("run")  # the failure / interruption record names the run
+        raise
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train_built(cfg: DictConfig, info: dict[str, Any], t0: float) -> tuple[dict[str, float], dict[str, Any]]:
     built = build(cfg, info)
     try:
         done = run_fit(built)
@@ -213,6 +310,8 @@ def _check_selection_metric(built: Built, metrics: dict[str, float]) -> None:
     """
     name = built.cfg.get("optimized_metric")
     if not name or name in metrics or not built.cfg.get("train", True):  # an evaluation need not log it
+        return
+    if getattr(_callback(built, DivergenceGuard), "reason", None):  # stopped early: recorded as diverged
         return
     cb = built.trainer.checkpoint_callback
     restored = getattr(cb, "current_score", None) if getattr(cb, "monitor", None) == name else None
@@ -297,24 +396,90 @@ def main() -> None:
     hydra.main(version_base="1.3", config_path=None, config_name="train")(run)()
 
 
-def _write_failure(cfg: DictConfig, error: BaseException, wall_time_s: float) -> None:
-    """``results.json`` with ``status: failed`` (the sweep summary lists the job as failed, and skip-finished
-    trains it again); never over a finished record, and only in the main process."""
-    if os.environ.get("LOCAL_RANK", "0") != "0" or os.environ.get("NODE_RANK", "0") != "0":
+def describe_error(error: BaseException) -> str:
+    """``"<type>: <message>"`` of ``error``; a full disk (ENOSPC anywhere in its chain of causes: torch's writer
+    reports it as ``unexpected pos …``) is named first, with the file being written when known."""
+    if isinstance(error, _Signalled):
+        return str(error)
+    full = no_space_error(error)
+    if full is not None:
+        where = f" writing {full.filename}" if full.filename else ""
+        return f"no space left on device (ENOSPC){where}: free disk space, then resume; {type(error).__name__}: {error}"
+    return f"{type(error).__name__}: {error}"
+
+
+def _write_status(cfg: DictConfig, status: str, error: BaseException, wall_time_s: float,
+                  resume_command: str | None = None) -> None:
+    """``results.json`` with ``status`` (``failed``: the sweep summary lists the job as failed, and skip-finished
+    trains it again; ``interrupted``: with the resume command); never over a finished record, and only in the main
+    process."""
+    if not _main_process():
         return
     try:
         out = cfg.paths.get("output_dir") if cfg.get("paths") else None
         if not out:
             return
         path = Path(out) / RECORD_FILE
-        if getattr(RunRecord.read(path), "status", None) == "done":
+        if getattr(RunRecord.read(path), "status", None) in ("done", "diverged"):
             return
-        RunRecord(status="failed", error=f"{type(error).__name__}: {error}"[:2000],
+        meta = getattr(error, "diffrank_run", None) or {}
+        RunRecord(status=status, error=describe_error(error)[:2000], resume_command=resume_command,
+                  run_id=meta.get("run_id"), config_hash=meta.get("config_hash"),
                   overrides=_hydra_info()["overrides"], wall_time_s=wall_time_s,
                   finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   config=OmegaConf.to_container(cfg, resolve=False)).write(path)
     except Exception:  # the original error matters more than its record
-        log.exception("could not write the failure record")
+        log.exception("could not write the %s record", status)
+
+
+def _write_failure(cfg: DictConfig, error: BaseException, wall_time_s: float) -> None:
+    """:func:`_write_status` ``failed``."""
+    _write_status(cfg, "failed", error, wall_time_s)
+
+
+class _Signalled(BaseException):
+    """Raised by the signal handlers of :func:`_interruptible` (not an ``Exception``: nothing on the way may
+    swallow it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"{signal.Signals(signum).name} received")
+        self.signum = signum
+
+
+def _raise_signalled(signum: int, frame: Any) -> None:
+    raise _Signalled(signum)
+
+
+@contextmanager
+def _interruptible() -> Iterator[None]:
+    """SIGTERM and SIGINT raise :class:`_Signalled` in the main thread while the run lasts (Lightning calls this
+    handler after its own SIGTERM handler, which forwards the signal to DDP workers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    for s in old:
+        signal.signal(s, _raise_signalled)
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def resume_command(cfg: DictConfig) -> str:
+    """How to go on with an interrupted run: a multirun job, the same command into the same ``hydra.sweep.dir``
+    (finished jobs are skipped, this one resumes); a single run, ``python train.py`` with its overrides,
+    ``ckpt_path=<folder>/checkpoints/last.ckpt`` and ``hydra.run.dir=<folder>`` (the same command when no
+    checkpoint was written yet)."""
+    info = _hydra_info()
+    out = Path(str(cfg.paths.output_dir))
+    if info["multirun"]:
+        return f"the same command with -m hydra.sweep.dir={info['sweep_dir']} (this job resumes from its last.ckpt)"
+    overrides = [o for o in info["overrides"] if not o.lstrip("+~").startswith("ckpt_path=")]
+    last = out / LAST_CHECKPOINT
+    resume = [f"ckpt_path={last}", f"hydra.run.dir={out}"] if last.is_file() else []
+    return shlex.join(["python", "train.py", *overrides, *resume])
 
 
 def run(cfg: DictConfig) -> float | None:
@@ -323,23 +488,40 @@ def run(cfg: DictConfig) -> float | None:
 
     Raises:
         KeyError: if a training run did not log ``optimized_metric`` (its ``results.json`` says ``failed``).
+        RunInterrupted: SIGTERM / SIGINT stopped the run (its ``results.json`` says ``interrupted`` and how to
+            resume).
+        FolderBusy / FolderTaken: the output folder is another run's (live, or holding its results).
+        SystemExit: (status 3) a single run that diverged (its ``results.json`` says ``diverged``).
     """
     if cfg.get("extras") and cfg.extras.get("print_config"):
         log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=False))
     apply_process_settings(cfg)
     t0 = time.time()
     try:
-        metrics, objects = train(cfg)
+        with _interruptible():
+            metrics, objects = train(cfg)
+    except (FolderBusy, FolderTaken):
+        raise  # the folder is another run's: its record stays as it is
+    except _Signalled as e:
+        command = resume_command(cfg)
+        _write_status(cfg, "interrupted", e, time.time() - t0, command)
+        log.error("interrupted by %s; resume with: %s", signal.Signals(e.signum).name, command)
+        raise RunInterrupted(e.signum, f"{e}: resume with {command}") from None
     except Exception as e:
         _write_failure(cfg, e, time.time() - t0)
         raise
     finally:
         _finish_wandb([])
     print_summary(metrics, objects.get("results"))
+    results = objects.get("results") or {}
     if objects.get("skipped"):
-        log.info("finished earlier (skip_finished): %s", objects["results"].get("run_dir"))
-    elif "results" in objects:
-        log.info("wall time %.1f s; run folder %s", objects["results"]["wall_time_s"], objects["results"]["run_dir"])
+        log.info("finished earlier (skip_finished): %s", results.get("run_dir"))
+    elif results:
+        log.info("wall time %.1f s; run folder %s", results["wall_time_s"], results["run_dir"])
+    if results.get("status") == "diverged":
+        log.error("the run diverged (%s): recorded as status: diverged, not a result", results.get("error"))
+        if not _hydra_info()["multirun"]:  # a sweep goes on (its summary lists the job as diverged)
+            raise SystemExit(3)
     name = cfg.get("optimized_metric")
     return metrics.get(name) if name else None
 

@@ -11,8 +11,12 @@ steps do not split well over threads), and a session that ends kills its process
 fixed folder ``<out>/<experiment>/<grid values>_seed<s>``, so running the same command again skips the finished
 jobs (a ``results.json`` with ``status: done``), resumes the interrupted ones from their ``checkpoints/last.ckpt``
 (exact resume, README "Reproducibility") and starts the rest: the training runner's own decision for a run folder
-(:func:`diffrank.experiments.records.folder.folder_state`), this module only launches. Jobs start in the order
-given, ``--slots`` at a time; each job's output goes to ``<folder>/stdout.log``.
+(:func:`diffrank.experiments.records.folder.folder_state`, with the job's overrides: a folder finished with other
+overrides, e.g. another ``-- model.optimizer.lr``, is not this job's), this module only launches. A folder that a
+live run holds (its lock) is left alone. Jobs start in the order given, ``--slots`` at a time; each job's output
+goes to ``<folder>/stdout.log``. SIGTERM / SIGINT to the runner are passed to its jobs (each records itself as
+interrupted), and the runner exits with 128 + the signal. The first job's config is composed before anything
+starts, so a typo in the experiment or an override fails at once.
 """
 
 from __future__ import annotations
@@ -20,13 +24,16 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from diffrank.experiments.records.folder import FolderState, folder_state
+from diffrank.experiments.records.folder import FINAL, FolderState, folder_state, job_overrides
 
 
 @dataclass
@@ -38,8 +45,25 @@ class Job:
 
     @property
     def state(self) -> FolderState:
-        """Done / resume / new, and the checkpoint to resume from (:func:`folder_state` of the folder)."""
-        return folder_state(self.folder)
+        """Live / done / resume / new, and the checkpoint to resume from (:func:`folder_state` of the folder with
+        this job's overrides)."""
+        return folder_state(self.folder, self.overrides)
+
+    def label(self) -> str:
+        """:attr:`state`'s action, or ``other`` for a folder holding a finished run of other overrides (not this
+        job's: never resumed nor overwritten)."""
+        state = self.state
+        if state.action in ("new", "resume") and state.record is not None and state.record.status in FINAL:
+            return "other"
+        return state.action
+
+    def other_run(self) -> str:
+        """What an ``other`` folder holds and what to do."""
+        record = self.state.record
+        theirs, ours = set(job_overrides(record.overrides if record else [])), set(job_overrides(self.overrides))
+        return (f"{self.folder} holds a finished run with other overrides (only there: "
+                f"{' '.join(sorted(theirs - ours)) or '-'}; only here: {' '.join(sorted(ours - theirs)) or '-'}): "
+                f"left alone; give these jobs another --out, or remove that folder to run them there")
 
     def command(self) -> list[str]:
         """The ``diffrank.experiments.run.train`` command line of this job (resuming from the folder's checkpoint
@@ -61,7 +85,7 @@ def jobs(experiment: str, seeds: list[int], grid: list[str], extra: list[str], o
         key, sep, values = entry.partition("=")
         if not sep or not values:
             raise ValueError(f"--grid takes key=v1,v2,…; got '{entry}'")
-        axes.append([(key, v) for v in values.split(",")])
+        axes.append([(key, v) for v in split_values(values)])
     out_jobs = []
     for combo in itertools.product(*axes):
         name = "_".join(f"{k.rsplit('.', 1)[-1]}{v}" for k, v in combo)
@@ -72,31 +96,145 @@ def jobs(experiment: str, seeds: list[int], grid: list[str], extra: list[str], o
     return out_jobs
 
 
+def split_values(values: str) -> list[str]:
+    """The values of a ``--grid`` entry: split at the commas outside brackets and quotes (``[.5,.5],[1,0]`` is two
+    list values, as Hydra reads them).
+
+    Raises:
+        ValueError: unbalanced brackets or quotes, or an empty value.
+    """
+    out, depth, quote, current = [], 0, "", ""
+    for ch in values:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"--grid values '{values}': a closing bracket without its opening one")
+        elif ch == "," and depth == 0:
+            out.append(current)
+            current = ""
+            continue
+        current += ch
+    if depth or quote:
+        raise ValueError(f"--grid values '{values}': unbalanced brackets or quotes")
+    out.append(current)
+    if any(not v.strip() for v in out):
+        raise ValueError(f"--grid values '{values}': an empty value")
+    return out
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0,1,2"`` → ``[0, 1, 2]``; ``"0-4"`` is not accepted (say each seed).
+
+    Raises:
+        ValueError: a seed that is not an integer (the message names it).
+    """
+    seeds = []
+    for part in text.split(","):
+        if not re.fullmatch(r"\s*-?\d+\s*", part):
+            raise ValueError(f"--seeds takes comma-separated integers (0,1,2); '{part}' is not one")
+        seeds.append(int(part))
+    return seeds
+
+
+def check_composes(job: Job) -> None:
+    """Compose ``job``'s training config (Hydra, with its overrides) before any job starts.
+
+    Raises:
+        ValueError: it does not compose (an unknown experiment, group option or key): Hydra's message, with the
+            job's command line.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from diffrank.experiments.run.resolvers import register_resolvers
+    from diffrank.registry import config_dir
+
+    register_resolvers()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+            compose(config_name="train", overrides=job.overrides)
+    except Exception as e:  # noqa: BLE001 - Hydra's errors are many classes; its message says what is wrong
+        raise ValueError(f"the first job does not compose ({' '.join(job.overrides)}): {e}") from None
+    finally:
+        GlobalHydra.instance().clear()
+
+
+class _Stop(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
 def run_queue(queue: list[Job], slots: int, threads: int, poll_s: float = 10.0) -> dict[str, int]:
     """Run the unfinished jobs of ``queue``, ``slots`` at a time, each with ``threads`` intra-op threads
-    (``OMP_NUM_THREADS``). Returns counts: ``skipped`` (already done), ``finished``, ``failed``."""
+    (``OMP_NUM_THREADS``). A job whose folder a live run holds is not started (``live``). SIGTERM / SIGINT to this
+    process are passed to the running jobs, which are waited for (each writes its ``interrupted`` record); then
+    this process exits with 128 + the signal.
+
+    Returns:
+        Counts: ``skipped`` (already done), ``live`` (held by a running process), ``other`` (holding a finished
+        run of other overrides: :meth:`Job.label`), ``finished``, ``failed``.
+    """
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    todo = [j for j in queue if j.state.action != "done"]
-    counts = {"skipped": len(queue) - len(todo), "finished": 0, "failed": 0}
+    states = {id(j): j.label() for j in queue}
+    todo = [j for j in queue if states[id(j)] in ("new", "resume")]
+    counts = {"skipped": sum(s == "done" for s in states.values()), "live": sum(s == "live" for s in states.values()),
+              "other": sum(s == "other" for s in states.values()), "finished": 0, "failed": 0}
+    for j in queue:
+        if states[id(j)] == "live":
+            print(f"[{time.strftime('%H:%M:%S')}] live (another process runs it), left alone: {j.folder}", flush=True)
+        elif states[id(j)] == "other":
+            print(f"[{time.strftime('%H:%M:%S')}] {j.other_run()}", flush=True)
     running: list[tuple[Job, subprocess.Popen]] = []
-    while todo or running:
-        while todo and len(running) < slots:
-            job = todo.pop(0)
-            job.folder.mkdir(parents=True, exist_ok=True)
-            checkpoint = job.state.checkpoint
-            how = f"resuming from {checkpoint}" if checkpoint else "starting"
-            print(f"[{time.strftime('%H:%M:%S')}] {how}: {job.folder}", flush=True)
-            log = open(job.folder / "stdout.log", "a")  # noqa: SIM115 (closed when the job ends)
-            running.append((job, subprocess.Popen(job.command(), stdout=log, stderr=subprocess.STDOUT, env=env)))
-        time.sleep(poll_s if running else 0)
-        for job, proc in list(running):
-            if proc.poll() is None:
-                continue
-            running.remove((job, proc))
-            ok = proc.returncode == 0 and job.state.action == "done"
-            counts["finished" if ok else "failed"] += 1
-            print(f"[{time.strftime('%H:%M:%S')}] {'done' if ok else f'FAILED (rc {proc.returncode})'}: "
-                  f"{job.folder}", flush=True)
+
+    def stop(signum: int, frame: Any) -> None:
+        raise _Stop(signum)
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while todo or running:
+            while todo and len(running) < slots:
+                job = todo.pop(0)
+                job.folder.mkdir(parents=True, exist_ok=True)
+                checkpoint = job.state.checkpoint
+                how = f"resuming from {checkpoint}" if checkpoint else "starting"
+                print(f"[{time.strftime('%H:%M:%S')}] {how}: {job.folder}", flush=True)
+                with open(job.folder / "stdout.log", "a") as log:
+                    running.append((job, subprocess.Popen(job.command(), stdout=log, stderr=subprocess.STDOUT,
+                                                          env=env)))
+            time.sleep(poll_s if running else 0)
+            for job, proc in list(running):
+                if proc.poll() is None:
+                    continue
+                running.remove((job, proc))
+                ok = proc.returncode == 0 and job.state.action == "done"
+                counts["finished" if ok else "failed"] += 1
+                print(f"[{time.strftime('%H:%M:%S')}] {'done' if ok else f'FAILED (rc {proc.returncode})'}: "
+                      f"{job.folder}", flush=True)
+    except _Stop as e:
+        for s in old:  # a second signal while the jobs stop does not leave them behind
+            signal.signal(s, signal.SIG_IGN)
+        print(f"[{time.strftime('%H:%M:%S')}] {e}: passing it to {len(running)} running job(s)", flush=True)
+        for _, proc in running:
+            proc.send_signal(e.signum)
+        for job, proc in running:
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            print(f"[{time.strftime('%H:%M:%S')}] stopped (rc {proc.returncode}): {job.folder}", flush=True)
+        raise SystemExit(128 + e.signum) from None
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
     return counts
 
 
@@ -115,14 +253,23 @@ def main(argv: list[str] | None = None) -> dict[str, int]:
     cut = argv.index("--") if "--" in argv else len(argv)  # after --: Hydra overrides for every job
     argv, overrides = argv[:cut], argv[cut + 1:]
     a = ap.parse_args(argv)
-    seeds = [int(s) for s in a.seeds.split(",")]
-    queue = [job for experiment in a.experiments for job in jobs(experiment, seeds, a.grid, overrides, a.out)]
+    try:
+        seeds = parse_seeds(a.seeds)
+        per_experiment = [jobs(experiment, seeds, a.grid, overrides, a.out) for experiment in a.experiments]
+        if not a.dry_run:  # a typo in any experiment fails here, before a job starts
+            for first in (js[0] for js in per_experiment if js):
+                check_composes(first)
+    except ValueError as e:
+        ap.error(str(e))
+    queue = [job for js in per_experiment for job in js]
     if a.dry_run:
         for j in queue:
-            print(f"{j.state.action:7s} {j.folder}  {' '.join(j.overrides)}")
+            print(f"{j.label():7s} {j.folder}  {' '.join(j.overrides)}")
         return {"jobs": len(queue)}
     counts = run_queue(queue, a.slots, a.threads)
-    print(f"{counts['finished']} finished, {counts['failed']} failed, {counts['skipped']} were already done")
+    print(f"{counts['finished']} finished, {counts['failed']} failed, {counts['skipped']} were already done"
+          + (f", {counts['live']} held by live runs" if counts["live"] else "")
+          + (f", {counts['other']} folders hold runs of other overrides (left alone)" if counts["other"] else ""))
     return counts
 
 
