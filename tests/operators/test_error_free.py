@@ -99,7 +99,7 @@ def test_second_derivatives_and_options():
     (g,) = torch.autograd.grad((op.soft_sort(x) * torch.arange(5.0, dtype=x.dtype)).sum(), x, create_graph=True)
     (h,) = torch.autograd.grad(g.square().sum(), x)
     assert torch.isfinite(h).all()
-    assert "error_free=True" in repr(op)
+    assert "error_free='swaps'" in repr(op)
     with pytest.raises(ValueError, match="error_free"):
         ComparatorNetwork(error_free="yes")
     beta = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
@@ -107,3 +107,30 @@ def test_second_derivatives_and_options():
     torch.testing.assert_close(out, x.sort(1, descending=True).values)
     (gb,) = torch.autograd.grad((out * torch.arange(5.0, dtype=x.dtype)).sum(), beta)
     assert torch.isfinite(gb) and gb != 0
+
+
+@pytest.mark.parametrize("name", FULL + ["difftopk_splitter"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_output_form_is_the_hard_result_with_the_relaxed_networks_gradient(name, dtype):
+    """``error_free="output"``: the forward equals torch.sort (values, P, ranks, membership) and every gradient is
+    the relaxed network's own, bit for bit (one straight-through over the whole network)."""
+    x = _x(3, 9, seed=7, dtype=dtype) * 5
+    op, relaxed = load(name, error_free="output"), load(name)
+    ranks = x.argsort(1, descending=True).argsort(1).to(dtype) + 1
+    calls = [("topk_membership", lambda o, s: o.topk_membership(s, [1, 3]),
+              torch.stack([(ranks <= k).to(dtype) for k in (1, 3)], 1))]
+    if name != "difftopk_splitter":
+        calls += [("soft_sort", lambda o, s: o.soft_sort(s), torch.sort(x, dim=1, descending=True).values),
+                  ("P", lambda o, s: o(s), _hard_p(x)), ("soft_rank", lambda o, s: o.soft_rank(s), ranks)]
+    for what, f, want in calls:
+        a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out, soft = f(op, a), f(relaxed, b)
+        torch.testing.assert_close(out, want, atol=1e-6, rtol=0, msg=what)
+        w = torch.randn(out.shape, dtype=dtype, generator=torch.Generator().manual_seed(2))
+        (out * w).sum().backward()
+        (soft * w).sum().backward()
+        assert torch.equal(a.grad, b.grad), what
+
+
+def test_error_free_true_is_the_per_swap_form():
+    assert load("diffsort_bitonic", error_free=True).error_free == "swaps"

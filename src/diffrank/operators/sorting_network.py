@@ -358,6 +358,10 @@ def run_network(net: Network, x: Tensor, beta: float | Tensor, sigmoid: str, art
     return _Net.apply(x, net, beta, sigmoid, art_lambda, mode, y0)[0]
 
 
+# error_free: off, Kim et al.'s per-swap straight-through (True = "swaps"), or one over the network's output
+ERROR_FREE = (False, True, "swaps", "output")
+
+
 def _error_free(hard: Tensor, soft: Tensor) -> Tensor:
     """A swap layer's output whose value is ``hard`` exactly and whose gradient is that of ``soft`` (Kim et al.
     2024, §3: sg(hard − soft) + soft, written so that the forward adds an exact 0 to ``hard``)."""
@@ -442,7 +446,11 @@ class ComparatorNetwork(RankingOperator):
             relaxed swaps (β and the sigmoid still shape them). Runs the plain autograd ops (not the fused
             Function or kernels); top-k rows, membership and soft ranks are formed from the full P (O(L·B·n²)).
             A double backward runs, but differentiates the surrogate gradient with the exact trajectory held fixed
-            (no finite-difference derivative of it, as for any straight-through estimator). Default False.
+            (no finite-difference derivative of it, as for any straight-through estimator). ``"output"``: one
+            straight-through over the whole network instead: the same exact forward, and exactly the relaxed
+            network's gradient (its swaps at their relaxed, drifted inputs; any backend, the fused kernels too).
+            The two agree for one layer; deeper, Kim et al.'s per-swap form evaluates each swap's slope at the exact
+            values (§3). ``True`` is the same as ``"swaps"``. Default False.
         twice_differentiable: run the network in plain autograd ops (:func:`reference_forward`) instead of the
             fused Function / kernels; same values, O(L·B·n²) saved for full P and slower. Every path gives exact
             second derivatives (the fused backward is differentiable, :class:`_Net`), so this is only needed for
@@ -479,9 +487,9 @@ class ComparatorNetwork(RankingOperator):
         super().__init__(beta)
         self.backend = check_backend(backend)
         self.plain_autograd = bool(twice_differentiable)
-        if not isinstance(error_free, bool):
-            raise ValueError(f"error_free must be True or False, got {error_free!r}")
-        self.error_free = error_free
+        if error_free not in ERROR_FREE:
+            raise ValueError(f"error_free must be one of False, True ('swaps') or 'output', got {error_free!r}")
+        self.error_free = "swaps" if error_free is True else error_free
         if network not in NETWORKS:
             raise ValueError(f"network must be one of {NETWORKS}, got {network!r}")
         self.sigmoid = check_sigmoid(sigmoid)
@@ -522,8 +530,19 @@ class ComparatorNetwork(RankingOperator):
         return supports(x.shape[1], x.dtype)
 
     def _run(self, net: Network, x: Tensor, mode: str, y0: Tensor | None = None) -> Tensor:
+        if self.error_free == "output":  # the hard network's result, the relaxed network's gradient
+            with torch.no_grad():
+                hard = reference_forward(net, x, self.beta, self.sigmoid, self.art_lambda, mode, y0, True)
+            return _error_free(hard, self._relaxed(net, x, mode, y0))
         if self.plain_autograd or self.error_free or isinstance(self.beta, Tensor):
-            return reference_forward(net, x, self.beta, self.sigmoid, self.art_lambda, mode, y0, self.error_free)
+            return reference_forward(net, x, self.beta, self.sigmoid, self.art_lambda, mode, y0, bool(self.error_free))
+        return self._relaxed(net, x, mode, y0)
+
+    def _relaxed(self, net: Network, x: Tensor, mode: str, y0: Tensor | None = None) -> Tensor:
+        """The relaxed network on the fused path (kernels or :func:`run_network`), or plain autograd ops where
+        those are asked for (``twice_differentiable``, a learnable β)."""
+        if self.plain_autograd or isinstance(self.beta, Tensor):
+            return reference_forward(net, x, self.beta, self.sigmoid, self.art_lambda, mode, y0)
         if net.layers and self._kernel(x):
             from diffrank.kernels.networks import network_kernel
 
@@ -582,4 +601,4 @@ class ComparatorNetwork(RankingOperator):
         return (f"beta={self.beta}, sigmoid={self.sigmoid!r}, art_lambda={self.art_lambda}, "
                 f"network={self.network!r}, backend={self.backend!r}"
                 + (", twice_differentiable=True" if self.plain_autograd else "")
-                + (", error_free=True" if self.error_free else ""))
+                + (f", error_free={self.error_free!r}" if self.error_free else ""))
