@@ -483,7 +483,7 @@ class ComparatorNetwork(RankingOperator):
 
     def __init__(self, beta: float | Tensor = 10.0, sigmoid: str = "cauchy", art_lambda: float = 0.25,
                  network: str = "bitonic", backend: str = "auto", twice_differentiable: bool = False,
-                 error_free: bool = False) -> None:
+                 error_free: bool | str = False) -> None:
         super().__init__(beta)
         self.backend = check_backend(backend)
         self.plain_autograd = bool(twice_differentiable)
