@@ -365,6 +365,7 @@ def table39_table(recs: list[dict], measured: bool) -> list[str]:
 def training_table(tests: dict, rate: dict, measured: bool) -> list[str]:
     """docs/gpu.md's training table: the one-sync tests' verdicts, sets/s, and hours of thesis Tables 3.3 / 3.7."""
     def verdict(key: str) -> str:
+        """The table cell of one sync test (``key``: ``sorting`` / ``classifier``) from its JUnit outcome."""
         v = tests.get("sync", {}).get(key, "not run")
         return {"passed": "at most as allowed (test passed)",
                 "failed": "more than allowed (test failed: gpu_tests.log)"}.get(v, f"{NOT_MEASURED} ({v})")

@@ -375,6 +375,7 @@ class _NetKernel(torch.autograd.Function):
         x, y0 = ctx.saved_tensors[0], ctx.saved_tensors[-1]  # (x, y0): those saved for forward mode
 
         def f(xr):
+            """The plain-autograd network on float32 scores ``xr`` (B, n), the function forward mode differentiates."""
             return reference_forward(ctx.net, xr, ctx.beta, ctx.sigmoid, ctx.art_lambda, ctx.mode,
                                      None if y0 is None else y0.to(torch.float32))
 

@@ -156,6 +156,7 @@ def _c_contiguous_only(kernel, name: str):
         ValueError: (when called) an array argument that is not C-contiguous, naming the kernel and the argument.
     """
     def call(*args):
+        """The kernel on ``args`` after checking every numpy array is C-contiguous (raises ``ValueError``)."""
         for i, a in enumerate(args):
             if isinstance(a, np.ndarray) and not a.flags.c_contiguous:
                 raise ValueError(f"{name}: argument {i} is not C-contiguous (strides {a.strides}); the ahead-of-time "

@@ -319,6 +319,7 @@ def _constant(key: tuple, make) -> Tensor:
 def _rho(n: int, like: Tensor, log: bool = False) -> Tensor:
     """ρ = (n, n-1, ..., 1) (or log ρ) as a (1, n) row of ``like``'s dtype and device."""
     def make():
+        """ρ (or log ρ), built once per (n, dtype, device, log) and cached by :func:`_constant`."""
         rho = torch.arange(n, 0, -1, dtype=like.dtype, device=like.device).unsqueeze(0)
         return rho.log() if log else rho
     return _constant(("rho", n, like.dtype, like.device, log), make)

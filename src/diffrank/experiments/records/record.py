@@ -181,6 +181,7 @@ def config_hash(config: dict[str, Any]) -> str:
     """A 16-hex-digit SHA-256 of a run's config (a JSON-like dict, ideally resolved) without the keys of
     :data:`NOT_THE_CONFIG`: equal for two runs of the same config and seed wherever they wrote."""
     def strip(node: Any, prefix: str) -> Any:
+        """``node`` without the keys of :data:`NOT_THE_CONFIG` (dotted under ``prefix``), recursively."""
         if not isinstance(node, dict):
             return node
         return {str(k): strip(v, f"{prefix}{k}.") for k, v in node.items() if f"{prefix}{k}" not in NOT_THE_CONFIG}
@@ -429,6 +430,7 @@ class RunRecord:
         it ran and what the report shows in columns of its own: :data:`ROW_OVERRIDES`), space-separated and sorted;
         ``""`` for a run of the row as configured."""
         def keep(o: str) -> bool:
+            """Whether override ``o`` changes the experiment (not a key of :data:`ROW_OVERRIDES`)."""
             key = o.lstrip("+~").split("=", 1)[0]
             return not any(key == r or (r.endswith(".") and key.startswith(r)) for r in ROW_OVERRIDES)
 

@@ -195,6 +195,7 @@ def run_queue(queue: list[Job], slots: int, threads: int, poll_s: float = 10.0) 
     running: list[tuple[Job, subprocess.Popen]] = []
 
     def stop(signum: int, frame: Any) -> None:
+        """Signal handler: unwind to the queue's cleanup, which passes the signal on to the running jobs."""
         raise _Stop(signum)
 
     old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
