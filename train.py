@@ -1,11 +1,19 @@
 """Train with the top-k cross-entropy (or any experiment config): ``python train.py operator=sinkhorn pk=half_top5``."""
 
-import hydra
+from diffrank.experiments.run.isa import pin_cpu_isa
 
-from diffrank.experiments.run.resolvers import register_resolvers
-from diffrank.experiments.run.train import run
+pin_cpu_isa()  # before torch is imported: the same bits on every x86-64 CPU (diffrank.experiments.run.isa)
 
-register_resolvers()  # ${beta_grid:…} and ${short_hash:…} must exist before Hydra resolves a sweep
+from diffrank.experiments.run.cli import require_experiments  # noqa: E402
+
+require_experiments("python train.py")  # without the experiments extra: its install command, not No module named …
+
+import hydra  # noqa: E402
+
+from diffrank.experiments.run.resolvers import register_resolvers  # noqa: E402
+from diffrank.experiments.run.train import run  # noqa: E402
+
+register_resolvers()  # ${beta_grid:…}, ${project_root:}, ${hydra_any:…} must exist before Hydra composes
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")

@@ -329,8 +329,10 @@ def format_report(summary: dict[str, Any]) -> str:
     else:
         b = best["best"]
         std = "" if b["std"] is None else f" ± {b['std']:.4f}"
+        # a seeds-only sweep (``-m seed=0,1,2``) has one configuration: its value is the mean over the seeds
+        what = " ".join(f"{k}={v}" for k, v in b["overrides"].items()) or "the defaults (only the seed swept)"
         lines.append(f"best {best['metric']} ({best['mode']}): {b['mean']:.4f}{std} over {b['n']} run(s) with "
-                     + (" ".join(f"{k}={v}" for k, v in b["overrides"].items()) or "(no swept key)"))
+                     + what)
         for key, per in best["by"].items():
             for value, c in per.items():
                 ov = " ".join(f"{k}={v}" for k, v in c["overrides"].items() if k != key)

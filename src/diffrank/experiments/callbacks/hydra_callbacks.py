@@ -79,6 +79,27 @@ class RunFolderGuard(Callback):
             raise SystemExit(f"refused: {e}") from None
 
 
+def swept_keys(config: DictConfig) -> list[str]:
+    """The keys a multirun varies: command-line overrides with a sweep (``operator.beta=0.25,1,4``,
+    ``seed=range(3)``) and the sweeper's ``params`` (``hparams_search`` configs), in that order.
+
+    Args:
+        config: the multirun's composed config (with its ``hydra`` node, as Hydra's callbacks get it).
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    keys: list[str] = []
+    task = [str(o) for o in ((config.hydra.get("overrides") or {}).get("task") or [])]
+    try:
+        parsed = OverridesParser.create().parse_overrides(task)
+    except Exception:  # Hydra itself reports a malformed override; the folder names just keep Hydra's order
+        parsed = []
+    keys += [o.get_key_element().lstrip("+~") for o in parsed if o.is_sweep_override()]
+    params = (config.hydra.get("sweeper") or {}).get("params") or {}
+    keys += [str(k) for k in params]
+    return list(dict.fromkeys(keys))
+
+
 def _uses_wandb(config: DictConfig) -> bool:
     loggers = config.get("logger") or {}
     return any(isinstance(c, DictConfig) and str(c.get("_target_", "")).endswith("WandbLogger")
@@ -119,16 +140,30 @@ class SweepSummary(Callback):
             raise SystemExit(interrupted.exit_code)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """Create the sweep folder; shorten a resumed Optuna search to the trials it still lacks."""
+        """Create the sweep folder; name the swept keys for the job folders
+        (:func:`~diffrank.experiments.run.resolvers.job_dir_name`); shorten a resumed Optuna search to the trials
+        it still lacks."""
+        import os
+
+        from diffrank.experiments.run.process import SMOKE_ENV, SMOKE_OPTUNA_TRIALS, smoke_budget
+        from diffrank.experiments.run.resolvers import SWEPT_KEYS_ENV
+
         sweep_dir = Path(str(config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        # an environment variable reaches the jobs of every launcher (in process, joblib, submitit, SLURM)
+        os.environ[SWEPT_KEYS_ENV] = ",".join(swept_keys(config))
         sweeper = config.hydra.get("sweeper") or {}
         storage, study = sweeper.get("storage"), sweeper.get("study_name")
         if not (storage and study and "n_trials" in sweeper):
             return
+        total = int(sweeper.n_trials)
+        if smoke_budget() and total > SMOKE_OPTUNA_TRIALS:
+            total = SMOKE_OPTUNA_TRIALS
+            with read_write(config.hydra.sweeper):
+                config.hydra.sweeper.n_trials = total
+            log.info("%s=1: smoke budget, the Optuna search runs %d trials", SMOKE_ENV, total)
         done = optuna_finished_trials(str(storage), str(study))
         if done:
-            total = int(sweeper.n_trials)
             with read_write(config.hydra.sweeper):  # Hydra's config is read-only; the sweeper is built after this
                 config.hydra.sweeper.n_trials = max(0, total - done)
             log.info("Optuna study %s in %s has %d finished trials: running %d more (n_trials=%d in all)",

@@ -48,7 +48,8 @@ def versions() -> dict[str, str | None]:
 
 # Environment variables that change which kernels run, or how many threads split a reduction.
 COMPUTE_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "ATEN_CPU_CAPABILITY", "MKL_CBWR",
-               "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "CUBLAS_WORKSPACE_CONFIG", "CUDA_VISIBLE_DEVICES",
+               "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "DIFFRANK_NATIVE_ISA", "CUBLAS_WORKSPACE_CONFIG",
+               "CUDA_VISIBLE_DEVICES",
                "NVIDIA_TF32_OVERRIDE", "TORCH_CUDNN_V8_API_DISABLED")
 
 

@@ -1,16 +1,50 @@
-"""Process-wide settings of a script run (``python train.py``): warnings, the allocator of CPU runs."""
+"""Process-wide settings of a script run (``python train.py``): warnings, the allocator of CPU runs, and the
+smoke budget (``DIFFRANK_SMOKE=1``) under which the documentation's commands are tested as typed."""
 
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from diffrank.experiments.run.malloc import keep_freed_memory
 
 log = logging.getLogger(__name__)
+
+#: the one budget switch (docs/experiments.md, "Smoke budget"): set to 1, every training run of a script
+#: (``train.py``, ``diffrank-train``, each job of a multirun) trains and tests a few batches, and an Optuna
+#: search runs at most :data:`SMOKE_OPTUNA_TRIALS` trials; the commands themselves stay as typed
+SMOKE_ENV = "DIFFRANK_SMOKE"
+#: what the switch sets in ``trainer`` (Lightning's arguments)
+SMOKE_TRAINER = {"max_epochs": 1, "min_epochs": 1, "max_steps": 2, "limit_train_batches": 2,
+                 "limit_val_batches": 2, "limit_test_batches": 2, "val_check_interval": None,
+                 "check_val_every_n_epoch": 1, "num_sanity_val_steps": 0}
+SMOKE_OPTUNA_TRIALS = 2
+
+
+def smoke_budget() -> bool:
+    """Whether the smoke budget is on (``$DIFFRANK_SMOKE`` is set to anything but ``""`` / ``0``)."""
+    return os.environ.get(SMOKE_ENV, "") not in ("", "0")
+
+
+def apply_smoke_budget(cfg: DictConfig) -> bool:
+    """Under ``DIFFRANK_SMOKE=1``, cap ``cfg.trainer`` in place at :data:`SMOKE_TRAINER` (one epoch of at most two
+    batches, two validation and two test batches): the record's config then says what ran, and its ``budget`` says
+    why. A no-op otherwise.
+
+    Returns:
+        Whether the budget was capped.
+    """
+    if not smoke_budget() or cfg.get("trainer") is None:
+        return False
+    with open_dict(cfg.trainer):
+        for key, value in SMOKE_TRAINER.items():
+            cfg.trainer[key] = value
+    log.info("%s=1: smoke budget, trainer capped at %s", SMOKE_ENV, SMOKE_TRAINER)
+    return True
 
 
 def _runs_on_cpu(trainer_cfg: DictConfig) -> bool:

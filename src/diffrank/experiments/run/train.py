@@ -64,7 +64,7 @@ from diffrank.experiments.records.record import (
 )
 from diffrank.experiments.run.build import Built, build
 from diffrank.experiments.run.fit import fit_and_test
-from diffrank.experiments.run.process import apply_process_settings
+from diffrank.experiments.run.process import apply_process_settings, apply_smoke_budget, smoke_budget
 from diffrank.experiments.run.resolvers import register_resolvers
 
 log = logging.getLogger(__name__)
@@ -222,8 +222,10 @@ def make_record(built: Built, done: dict[str, Any], metrics: dict[str, float], w
         versions=versions(), wall_time_s=wall_time_s, finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         device=device_description(env), compute=env, run_dir=info["run_dir"], sweep_dir=info["sweep_dir"],
         config=OmegaConf.to_container(cfg, resolve=False),
-        extra={"best_checkpoint_missing": done["best_checkpoint_missing"]} if done.get("best_checkpoint_missing")
-        else {},
+        extra={**({"best_checkpoint_missing": done["best_checkpoint_missing"]}
+                   if done.get("best_checkpoint_missing") else {}),
+               # a run under the smoke budget is a test of the command, never a result
+               **({"budget": "smoke (DIFFRANK_SMOKE=1)"} if smoke_budget() else {})},
     )
 
 
@@ -493,6 +495,7 @@ def run(cfg: DictConfig) -> float | None:
         FolderBusy / FolderTaken: the output folder is another run's (live, or holding its results).
         SystemExit: (status 3) a single run that diverged (its ``results.json`` says ``diverged``).
     """
+    apply_smoke_budget(cfg)  # DIFFRANK_SMOKE=1: the docs' commands, tested as typed, on a few batches
     if cfg.get("extras") and cfg.extras.get("print_config"):
         log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=False))
     apply_process_settings(cfg)
