@@ -13,6 +13,12 @@ the tables on the console, and, for runs of the offline P_K benchmark (a ``paper
 the run's record). Later experiments add their tables by giving their configs a ``paper:`` key over the
 reference columns and shipping the reference CSV in ``src/diffrank/reference/``; nothing here needs to change.
 
+Runs of no paper row (no ``paper`` key: the default ``python train.py``, the digits100 runs) are not skipped: they have
+a section of their own (:func:`other_runs`), one line per command, machine, budget and metric with each run's value,
+their mean ± std, the date, the machine and the archive (or ``results.json``) read; a record no table can take (an
+older ``variant_of`` run, a benchmark cell its P_K grid leaves out) is listed there with the reason. On a terminal
+the console tables fit its width; piped or redirected they are printed whole, as wide as they are (:func:`_console`).
+
 Every record whose ``paper`` field names a reference row (a dict without a ``benchmark`` field:
 :attr:`~diffrank.experiments.records.record.RunRecord.table_row`) is matched to the reference rows whose columns equal
 every field of that dict. Each matched row (one per metric) becomes a line: the published value, our mean ± sample std
@@ -47,11 +53,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
+from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from diffrank.experiments.records.archive import find_records
+from diffrank.experiments.records.archive import find_records, find_records_with_files  # noqa: F401
 from diffrank.experiments.records.paper_rows import (  # noqa: F401 - report.<name> as before
     LABEL_COLUMNS,
     SIGNIFICANCE,
@@ -65,14 +73,165 @@ from diffrank.experiments.records.paper_rows import (  # noqa: F401 - report.<na
     significance,
     table_rows,
 )
+from diffrank.experiments.records.record import RunRecord
+
+# the config groups a run of no paper row is described by (its record's ``choices``), in this order
+CONFIG_CHOICES = ("experiment", "data", "net", "loss", "operator", "pk", "newton")
+# metrics recorded as fractions (accuracies, exact matches): shown in % like the papers' tables
+PERCENT_METRICS = ("top", "em", "ew", "acc")
+
+
+def _command(rec: RunRecord) -> str:
+    """The command a run of no paper row was started with, its seed left out (``seeds`` says it)."""
+    overrides = [o for o in rec.overrides if o.lstrip("+~").split("=", 1)[0] != "seed"]
+    return " ".join(["python train.py", *overrides])
+
+
+def _config(rec: RunRecord) -> str:
+    """The config groups a run composed (:data:`CONFIG_CHOICES` of its ``choices``; groups left unused or
+    ``none`` are not named)."""
+    return " ".join(f"{k}={rec.choices[k]}" for k in CONFIG_CHOICES if rec.choices.get(k) not in (None, "none"))
+
+
+def _why_not_shown(rec: RunRecord) -> str:
+    """Why a record of no paper row is not in a table of the report (its line's note); ``""`` for a plain run of no
+    published row."""
+    from diffrank.experiments.analysis.report_pk import run_from_record
+
+    bench = rec.benchmark_cell
+    if bench is not None:
+        if run_from_record(rec) is not None:
+            return ""  # in its P_K grid
+        if rec.variant_of:
+            why = "an older run with another method (variant_of)"
+        elif rec.status != "done":
+            why = f"status {rec.status}"
+        else:
+            why = "no test/top1"
+        cell = f"{bench.get('dataset')} {bench.get('operator')} {bench.get('pk')}"
+        return f"benchmark cell {cell}, not in its P_K grid: {why}"
+    if rec.variant_of:
+        row = rec.variant_of.get("experiment") or json.dumps(rec.variant_of, sort_keys=True, default=str)
+        return f"an older run of {row} with another method (variant_of): never shown as the row"
+    return ""
+
+
+def _in_percent(name: str, values: list[float]) -> bool:
+    """Whether metric ``name`` is shown in %: an accuracy-like metric (:data:`PERCENT_METRICS`) whose values are
+    fractions."""
+    short = name.rsplit("/", 1)[-1]
+    return short.startswith(PERCENT_METRICS) and all(0.0 <= v <= 1.0 for v in values)
+
+
+def other_runs(found: Iterable[tuple[str | Path, RunRecord, str | Path]], metric_prefix: str = "test/"
+               ) -> dict[str, Any]:
+    """The records that reproduce no paper row (no ``paper`` key: the default ``python train.py``, the digits100
+    runs; older ``variant_of`` runs; benchmark cells the P_K grid leaves out), for the report's section of their
+    own: nothing is left out unsaid.
+
+    Runs are grouped by command (:func:`_command`: the overrides but the seed), composed config, status, machine
+    (:attr:`~diffrank.experiments.records.record.RunRecord.device`, thread count included), budget and note; a
+    group has one line per metric of ``metric_prefix`` (every metric when none has it; one line ``—`` for runs
+    with no metric), the runs in seed order. Finished benchmark cells with a ``test/top1`` are in their P_K grid
+    (:mod:`diffrank.experiments.analysis.report_pk`) and only counted here.
+
+    Args:
+        found: ``(path of the results.json, record, file read)`` triples
+            (:func:`~diffrank.experiments.records.archive.find_records_with_files`).
+        metric_prefix: the metrics shown (``test/``).
+
+    Returns:
+        ``{"lines": [line, ...], "runs": int, "benchmark": {dataset: runs in its grid}}``; a line has ``command``,
+        ``config``, ``status``, ``device``, ``budget``, ``note``, ``seeds``, ``metric``, ``unit`` (``"%"`` or
+        ``""``), ``values`` (one per run, None where a run lacks the metric), ``mean``, ``std``, ``wall``
+        (mean ``wall_time_s``), ``dates``, ``records`` (the files read) and ``codes``.
+    """
+    groups: dict[tuple, list[tuple[RunRecord, str]]] = defaultdict(list)
+    benchmark: dict[str, int] = defaultdict(int)
+    for _, rec, source in found:
+        if rec.table_row is not None:
+            continue
+        note = _why_not_shown(rec)
+        if rec.benchmark_cell is not None and not note:
+            benchmark[str(rec.benchmark_cell.get("dataset"))] += 1
+            continue
+        key = (_command(rec), _config(rec), rec.status, rec.device or "", rec.budget, note)
+        groups[key].append((rec, str(source)))
+    lines = []
+    for (command, config, status, device, budget, note), members in sorted(groups.items()):
+        members.sort(key=lambda m: (m[0].seed is None, m[0].seed or 0, m[0].finished_at or ""))
+        recs = [r for r, _ in members]
+        names = sorted({k for r in recs for k in r.metrics if k.startswith(metric_prefix)}) \
+            or sorted({k for r in recs for k in r.metrics})
+        walls = [float(r.wall_time_s) for r in recs if isinstance(r.wall_time_s, (int, float))]
+        common = {"command": command, "config": config, "status": status, "device": device, "budget": budget,
+                  "note": note, "seeds": [r.seed for r in recs], "runs": len(recs),
+                  "wall": statistics.fmean(walls) if walls else None,
+                  "dates": sorted({r.finished_at[:10] for r in recs if r.finished_at}),
+                  "records": sorted({src for _, src in members}), "codes": sorted({r.code for r in recs})}
+        if not names:
+            lines.append({**common, "metric": "—", "unit": "", "values": [None] * len(recs), "mean": math.nan,
+                          "std": None})
+        for name in names:
+            raw = [r.metrics.get(name) for r in recs]
+            raw = [float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None for v in raw]
+            present = [v for v in raw if v is not None]
+            scale = 100.0 if _in_percent(name, present) else 1.0
+            values = [None if v is None else scale * v for v in raw]
+            present = [scale * v for v in present]
+            lines.append({**common, "metric": name, "unit": "%" if scale == 100.0 else "", "values": values,
+                          "mean": statistics.fmean(present) if present else math.nan,
+                          "std": statistics.stdev(present) if len(present) > 1 else None})
+    return {"lines": lines, "runs": sum(len(m) for m in groups.values()), "benchmark": dict(sorted(benchmark.items()))}
+
+
+def other_rows(lines: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Header and cells of the section of runs of no paper row (:func:`other_runs`' lines)."""
+    header = ["command", "config", "seeds", "metric", "per run", "mean ± std", "runs", "steps×batch", "wall s",
+              "date", "machine", "records"]
+    status = any(ln["status"] != "done" for ln in lines)
+    codes = any(len(ln["codes"]) > 1 for ln in lines)
+    notes = any(ln["note"] for ln in lines)
+    header += [*(["status"] if status else []), *(["code versions"] if codes else []), *(["note"] if notes else [])]
+
+    def number(v: float | None, unit: str) -> str:
+        """A value as printed: 2 decimals in %, else 4 significant digits."""
+        if v is None or math.isnan(v):
+            return "—"
+        return f"{v:.2f}" if unit else f"{v:.4g}"
+
+    cells = []
+    for ln in lines:
+        unit = ln["unit"]
+        mean = number(ln["mean"], unit) + ("" if ln["std"] is None else f" ± {number(ln['std'], unit)}")
+        cells.append([ln["command"], ln["config"],
+                      ", ".join("?" if s is None else str(s) for s in ln["seeds"]),
+                      ln["metric"] + (f" ({unit})" if unit else ""),
+                      ", ".join(number(v, unit) for v in ln["values"]), mean, str(ln["runs"]), ln["budget"],
+                      "—" if ln["wall"] is None else f"{ln['wall']:.0f}",
+                      " … ".join(dict.fromkeys([ln["dates"][0], ln["dates"][-1]])) if ln["dates"] else "—",
+                      ln["device"] or "?", ", ".join(ln["records"]),
+                      *([ln["status"]] if status else []),
+                      *([", ".join(ln["codes"]) if len(ln["codes"]) > 1 else ""] if codes else []),
+                      *([ln["note"]] if notes else [])])
+    return header, cells
 
 
 def markdown(result: dict[str, Any]) -> str:
     """The whole report as Markdown."""
+    others = result.get("others")
+    if others is None:  # the paper rows only (collect's result)
+        counts = (f"{result['runs']} runs with a `paper` key; {result['skipped']} results.json without one were "
+                  "skipped. ")
+    else:  # every record is in a section: nothing skipped
+        parts = [f"{result['runs']} runs with a `paper` key beside the papers' tables"]
+        if others["runs"]:
+            parts.append(f"{others['runs']} runs of no paper row in [their own section](#runs-of-no-paper-row)")
+        parts += [f"{n} benchmark runs in the P_K grid `pk_{ds}.md`" for ds, n in others["benchmark"].items()]
+        counts = "; ".join(parts) + ". "
     out = ["# Our runs vs the papers", "",
-           f"{result['runs']} runs with a `paper` key; {result['skipped']} results.json without one were skipped. "
-           "Values in % (ours: mean ± sample std over runs); Δ = ours − paper; steps×batch = our training budget.",
-           ""]
+           counts + "Values in % (ours: mean ± sample std over runs); Δ = ours − paper; steps×batch = our training "
+           "budget.", ""]
     for (paper, table), lines in result["tables"].items():
         header, cells = table_rows(lines)
         out += [f"## {paper}, Table {table}", "", "| " + " | ".join(header) + " |",
@@ -83,6 +242,16 @@ def markdown(result: dict[str, Any]) -> str:
             out += ["", f"Rows with `copy_of=` in `setting` reprint {', '.join(sources)}: ours there are the runs of "
                     "that table's row (also in its own section, counted once); Δ is against the number as printed "
                     "here."]
+        out.append("")
+    if others and others["lines"]:
+        header, cells = other_rows(others["lines"])
+        out += ["## Runs of no paper row", "",
+                "Runs whose config has no `paper` key (the default `python train.py`, the digits100 runs, …): no "
+                "published number to set them beside. One line per command (its overrides but the seed), machine, "
+                "budget and metric: the value of each run in the order of `seeds`, their mean ± sample std; "
+                "accuracies in %. `records`: the archive (or results.json) they were read from.", "",
+                "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+        out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in cells]
         out.append("")
     if result.get("not_done"):
         out += ["## Runs left out: not finished (diverged, interrupted or failed)", ""]
@@ -128,24 +297,50 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
-def print_console(result: dict[str, Any]) -> None:
-    """The report's tables in the console (rich)."""
+def _console(renderables: list[Any]) -> Any:
+    """A rich console for ``renderables``: the terminal's when stdout is one (rich fits the tables to it); else
+    (piped, redirected, captured) one as wide as the widest of them, so that no table is cut or wrapped at rich's
+    default of 80 columns."""
     from rich.console import Console
-    from rich.table import Table
+    from rich.measure import Measurement
 
     console = Console()
-    for (paper, table), lines in result["tables"].items():
-        header, cells = table_rows(lines)
-        t = Table(title=f"{paper}, Table {table}")
+    if console.is_terminal or not renderables:
+        return console
+    wide = Console(width=1 << 20)
+    width = max(Measurement.get(wide, wide.options, r).maximum for r in renderables)
+    return Console(width=max(80, width))
+
+
+def print_console(result: dict[str, Any]) -> None:
+    """The report's tables in the console (rich), the runs of no paper row included (``result["others"]``:
+    :func:`other_runs`); piped, at their full width (:func:`_console`)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    def table(title: str, header: list[str], cells: list[list[str]], right: tuple[str, ...]) -> Table:
+        t = Table(title=title)
         for h in header:
-            t.add_column(h, justify="right" if h in ("paper", "ours", "Δ", "runs", "n") else "left")
+            t.add_column(h, justify="right" if h in right else "left")
         for row in cells:
             t.add_row(*row)
-        console.print(t)
+        return t
+
+    shown: list[Any] = []
+    for (paper, table_name), lines in result["tables"].items():
+        header, cells = table_rows(lines)
+        shown.append(table(f"{paper}, Table {table_name}", header, cells, ("paper", "ours", "Δ", "runs", "n")))
+    others = result.get("others")
+    if others and others["lines"]:
+        header, cells = other_rows(others["lines"])
+        shown.append(table("Runs of no paper row", header, cells, ("runs", "wall s")))
     for path, key in result["unmatched"]:
-        console.print(f"[yellow]no reference row for[/yellow] {path}: {key}")
+        shown.append(Text.assemble(("no reference row for", "yellow"), f" {path}: {key}"))
     for path, status in result.get("not_done", []):
-        console.print(f"[yellow]left out ({status}):[/yellow] {path}")
+        shown.append(Text.assemble((f"left out ({status}):", "yellow"), f" {path}"))
+    console = _console(shown)
+    for r in shown:
+        console.print(r)
 
 
 def write_report(paths: Iterable[str | Path], out: str | Path = "outputs/report", metric_prefix: str = "test/",
@@ -153,7 +348,8 @@ def write_report(paths: Iterable[str | Path], out: str | Path = "outputs/report"
     """The report over run folders: ``report.md`` and ``report.png`` (when there is something to plot) in ``out``,
     the tables on the console (unless ``quiet``), and ``pk_<dataset>.md`` per offline P_K benchmark dataset
     (:func:`diffrank.experiments.analysis.report_pk.reports`); the last line printed names the files. Every
-    record is read once (:func:`~diffrank.experiments.records.archive.find_records`) for all the sections.
+    record is read once (:func:`~diffrank.experiments.records.archive.find_records_with_files`) for all the
+    sections.
 
     Args:
         paths: run folders (searched recursively for ``results.json`` and run archives) or such files.
@@ -162,15 +358,18 @@ def write_report(paths: Iterable[str | Path], out: str | Path = "outputs/report"
         quiet: print only the line naming the files.
 
     Returns:
-        The collected result (:func:`collect`).
+        The collected result (:func:`collect`), with ``others``: the runs of no paper row (:func:`other_runs`),
+        a section of their own in ``report.md`` and on the console.
 
     Raises:
         FileNotFoundError / ValueError: see :func:`collect`.
     """
     from diffrank.experiments.analysis.report_pk import reports
 
-    records = find_records(paths)
+    found = find_records_with_files(paths)
+    records = [(path, rec) for path, rec, _ in found]
     result = collect_runs(records, metric_prefix, copies=True)
+    result["others"] = other_runs(found, metric_prefix)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text(markdown(result))

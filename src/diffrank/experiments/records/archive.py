@@ -1,6 +1,6 @@
 """Run archives: the ``results.json`` records of finished runs kept in the repository, so that the report
-regenerates the numbers ``docs/`` quotes without the run folders (``outputs/`` is ignored and a session's
-folders do not outlive its machine).
+regenerates the numbers ``docs/`` quotes without the run folders (``outputs/`` is ignored and a run folder
+does not outlive the machine it was written on).
 
 An archive is a gzip-compressed JSON-lines file (``results/<name>.jsonl.gz``): one whole record per line
 (:meth:`~diffrank.experiments.records.record.RunRecord.to_dict`, config, versions and device included), sorted by run
@@ -40,13 +40,15 @@ def _identity(path: Path, rec: RunRecord) -> tuple:
     return ("file", str(path.resolve()))
 
 
-def _newest(records: Iterable[tuple[Path, RunRecord]]) -> list[tuple[Path, RunRecord]]:
-    # per run, its last record (by finish time; on equal times the one read last), in first-seen order
-    out: dict[tuple, tuple[Path, RunRecord]] = {}
-    for path, rec in records:
+def _newest(records: Iterable[tuple]) -> list[tuple]:
+    # per run, its last record (by finish time; on equal times the one read last), in first-seen order; the items
+    # are (path, record, ...) tuples, kept whole
+    out: dict[tuple, tuple] = {}
+    for item in records:
+        path, rec = item[0], item[1]
         key = _identity(path, rec)
         if key not in out or (rec.finished_at or "") >= (out[key][1].finished_at or ""):
-            out[key] = (path, rec)
+            out[key] = item
     return list(out.values())
 
 
@@ -92,21 +94,34 @@ def find_records(paths: Iterable[str | Path]) -> list[tuple[Path, RunRecord]]:
         FileNotFoundError: a path that does not exist.
         ValueError: a malformed archive (:func:`read_archive`).
     """
+    return [(path, rec) for path, rec, _ in find_records_with_files(paths)]
+
+
+def find_records_with_files(paths: Iterable[str | Path]) -> list[tuple[Path, RunRecord, Path]]:
+    """:func:`find_records`, each record with the file it was read from: its archive, or the ``results.json``
+    itself (the report names it beside a run of no paper row).
+
+    Returns:
+        ``(path of the run's results.json, record, file read)`` triples.
+
+    Raises:
+        FileNotFoundError / ValueError: see :func:`find_records`.
+    """
     files: set[Path] = set()
     for p in map(Path, paths):
         if not p.exists():
             raise FileNotFoundError(f"no such file or folder: {p}")
         files.update([p] if p.is_file() else [*p.rglob(RECORD_FILE), *p.rglob(f"*{SUFFIX}")])
-    found: list[tuple[Path, RunRecord]] = []
+    found: list[tuple[Path, RunRecord, Path]] = []
     for f in sorted(files):
         if f.name.endswith(SUFFIX):
-            found += read_archive(f)
+            found += [(path, rec, f) for path, rec in read_archive(f)]
             continue
         rec = RunRecord.read(f)
         if rec is None:
             print(f"warning: cannot read {f} (missing, partial or not a JSON object)", file=sys.stderr)
         else:
-            found.append((f, rec))
+            found.append((f, rec, f))
     return _newest(found)
 
 
