@@ -18,8 +18,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.14.1 torchvision==0.29.1
 	$(BIN)/python -m pip install -q -e ".[experiments,embeddings,sweep,dev]"
-	# fast soft sort's and LapSum's CPU kernels compiled ahead of time (~25 s; without a C compiler numba's JIT serves)
-	-$(BIN)/python -m diffrank.operators._aot --build
+	# fast soft sort's and LapSum's CPU kernels compiled ahead of time (~30 s; without a C compiler numba's JIT serves)
+	-$(BIN)/python -m diffrank.operators.aot --build
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv (Python 3.11, torch 2.14.1) and install diffrank with the dev extra
@@ -59,7 +59,7 @@ bench: $(STAMP)  ## benchmark tables: ours vs the peer libraries (time, peak mem
 # On a GPU machine: the Python that has CUDA torch and Triton (this checkout's .venv when there is one, else
 # python3 with `pip install -e .` done), offline; docs/gpu.md. ARGS="--budget 420 --peer-src DIR --data-dir DIR".
 GPU_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
-gpu-check:  ## on a GPU machine: GPU tests, every operator vs peers and torch.sort, Table 3.9, sets/s (~7 min) -> outputs/gpu_check
+gpu-check:  ## on a GPU machine: GPU tests, every operator vs peers and torch.sort, Table 3.9, sets/s (at most ~7 min, docs/gpu.md) -> outputs/gpu_check
 	$(GPU_PY) -m diffrank.benchmark.gpu --out outputs/gpu_check $(ARGS)
 
 report: $(STAMP)  ## compare the archived runs (results/) and every results.json under outputs/ with the papers' tables

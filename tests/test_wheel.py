@@ -12,7 +12,7 @@ import zipfile
 
 import pytest
 
-from conftest import ROOT
+from conftest import CONFIGS, ROOT
 
 HEAVY = ("lightning", "pytorch_lightning", "hydra", "omegaconf", "torchmetrics", "wandb", "timm", "datasets",
          "sklearn", "matplotlib")
@@ -64,9 +64,10 @@ EXPERIMENTS = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def wheel_site(tmp_path_factory):
-    """The wheel built (``pip wheel --no-deps --no-build-isolation``) from a copy of the checkout's tracked
-    sources, so that no stale ``build/`` folder of the checkout leaks into it and none is left behind, unpacked."""
+def wheel_build(tmp_path_factory):
+    """The wheel built (``pip wheel --no-deps --no-build-isolation``, a few seconds) from a copy of the checkout's
+    tracked sources, so that no stale ``build/`` folder of the checkout leaks into it and none is left behind,
+    unpacked: ``(site folder, the build's output)``."""
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "checkout"
     src.mkdir()
@@ -74,13 +75,18 @@ def wheel_site(tmp_path_factory):
         shutil.copy2(ROOT / name, src / name)
     for name in ("src", "devtools", "configs"):
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(tmp / "dist"), str(src)], check=True, capture_output=True, text=True, timeout=600)
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
+                          str(tmp / "dist"), str(src)], check=True, capture_output=True, text=True, timeout=600)
     (wheel,) = (tmp / "dist").glob("diffrank-*.whl")
     site = tmp / "site"
     with zipfile.ZipFile(wheel) as z:
         z.extractall(site)
-    return site
+    return site, out.stdout + out.stderr
+
+
+@pytest.fixture(scope="module")
+def wheel_site(wheel_build):
+    return wheel_build[0]
 
 
 def _run(site, code: str, *args: str) -> str:
@@ -99,6 +105,42 @@ def test_wheel_carries_configs_and_kernels(wheel_site):
     assert (wheel_site / "diffrank" / "kernels" / "lapsum.py").is_file()
     assert not (wheel_site / "devtools").exists()  # the compile checks are developer tooling, not the package
     assert (wheel_site / "diffrank" / "reference" / "sorting_thesis_table3_5.csv").is_file()
+
+
+def test_wheel_carries_every_tracked_config(wheel_site):
+    """Every yaml of configs/ (git's list where the checkout is a git one, else the files), and not the machine's
+    own overrides (configs/local/, in .gitignore)."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "configs"], cwd=ROOT, capture_output=True, text=True,
+                                check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        listed = [p.relative_to(ROOT).as_posix() for p in CONFIGS.rglob("*.yaml")]
+    tracked = {p.removeprefix("configs/") for p in listed if p.endswith(".yaml")}
+    shipped = {p.relative_to(wheel_site / "diffrank" / "configs").as_posix()
+               for p in (wheel_site / "diffrank" / "configs").rglob("*.yaml")}
+    assert tracked and tracked <= shipped, sorted(tracked - shipped)[:10]
+    assert not any(p.startswith("local/") for p in shipped)
+
+
+def test_build_prints_no_setuptools_warning(wheel_build):
+    """No "Package 'diffrank.configs.…' is absent from the `packages` configuration" per config folder, no
+    ``project.license`` deprecation (issue 43): the build backend's output holds no warning (pip's own
+    ``WARNING:`` lines about the machine's index configuration are not the build's)."""
+    _, log = wheel_build
+    warnings = [line.strip() for line in log.splitlines()
+                if "warning" in line.lower() and not line.startswith("WARNING: ")]
+    assert not warnings, warnings[:5]
+
+
+def test_config_folders_are_listed_as_packages():
+    """pyproject.toml lists configs/ and each folder of it that holds yaml as a package (data only): a folder
+    missing from the list makes the build warn that it "is absent from the `packages` configuration"."""
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    packages = set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+                   ["packages"])
+    folders = {".".join(("diffrank", *d.relative_to(ROOT).parts)) for d in [CONFIGS, *CONFIGS.rglob("*")]
+               if d.is_dir() and d.name not in ("__pycache__", "local") and any(d.rglob("*.yaml"))}
+    assert folders <= packages, sorted(folders - packages)
 
 
 def test_library_from_the_wheel_without_the_experiment_stack(wheel_site):

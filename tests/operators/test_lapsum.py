@@ -537,7 +537,7 @@ print("numba" in sys.modules)
 
 @pytest.mark.slow
 def test_ahead_of_time_module(tmp_path):
-    """``python -m diffrank.operators._aot --build`` writes a module for the CPU kernels that a fresh process loads
+    """``python -m diffrank.operators.aot --build`` writes a module for the CPU kernels that a fresh process loads
     without importing numba, and whose values / gradients / thresholds / NaN test equal numba's JIT
     (DIFFRANK_LAPSUM_AOT=0), on every path of the forward (quicksort, sorted buffer, partition, radix sort)."""
     import os
@@ -565,7 +565,7 @@ def test_ahead_of_time_module(tmp_path):
 def test_ahead_of_time_module_absent_or_broken(tmp_path, monkeypatch):
     """Without a loadable ahead-of-time module (none in the cache directory, or a file that is no extension), the
     kernels fall back to numba's JIT and compute the same top-k."""
-    from diffrank.operators import _aot, lapsum_cpu
+    from diffrank.operators import aot, lapsum_cpu
 
     monkeypatch.setenv("DIFFRANK_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("DIFFRANK_LAPSUM_AOT", raising=False)
@@ -573,7 +573,7 @@ def test_ahead_of_time_module_absent_or_broken(tmp_path, monkeypatch):
     p_ref, state = lapsum_cpu.topk_forward(s, [2.0, 7.5], 1.1)
     ks = lapsum_cpu.KERNELS
     for broken in (False, True):
-        fresh = _aot.Kernels(ks.prefix, str(ks.source), ks.namespace, ks.exports, ks.helpers, ks.env)
+        fresh = aot.Kernels(ks.prefix, str(ks.source), ks.namespace, ks.exports, ks.helpers, ks.env)
         assert fresh.path().parent == tmp_path / "aot"
         if broken:
             fresh.path().parent.mkdir(parents=True, exist_ok=True)
@@ -585,13 +585,28 @@ def test_ahead_of_time_module_absent_or_broken(tmp_path, monkeypatch):
         assert fwd(s_np, kn, 1.1, t2, p2)
         torch.testing.assert_close(torch.from_numpy(p2), p_ref, rtol=0, atol=0)
     monkeypatch.setenv("DIFFRANK_LAPSUM_AOT", "0")
-    assert _aot.Kernels(ks.prefix, str(ks.source), ks.namespace, ks.exports, ks.helpers, ks.env)._load() is None
+    assert aot.Kernels(ks.prefix, str(ks.source), ks.namespace, ks.exports, ks.helpers, ks.env)._load() is None
+
+
+def test_ahead_of_time_module_keeps_its_former_name():
+    """``diffrank.operators._aot`` (the name in older docs and scripts) is :mod:`diffrank.operators.aot` itself, and
+    ``python -m diffrank.operators._aot`` still runs its command line (here: the listing of the modules)."""
+    import subprocess
+    import sys
+
+    from diffrank.operators import _aot, aot
+    from diffrank.operators._aot import Kernels
+
+    assert _aot is aot and Kernels is aot.Kernels
+    out = subprocess.run([sys.executable, "-m", "diffrank.operators._aot"], capture_output=True, text=True,
+                         timeout=300, check=True)
+    assert "_diffrank_lapsum_" in out.stdout and "_diffrank_fss_" in out.stdout, out.stdout
 
 
 def test_ahead_of_time_entry_points_refuse_non_contiguous_arrays():
     """pycc's wrappers do not check layout: a Fortran-ordered array (an expanded k copied by ``np.array``) read as
     C-contiguous gave garbage memberships; the loader's wrapper refuses it, and the ks are copied in C order."""
-    from diffrank.operators._aot import _c_contiguous_only
+    from diffrank.operators.aot import _c_contiguous_only
     from diffrank.operators.lapsum_cpu import _ks_array
 
     kernel = _c_contiguous_only(lambda *a: "ran", "k_f8")

@@ -17,7 +17,7 @@ authors' ``_partition`` tolerance. At a kink (two blocks with equal values: inte
 ties) the projection has no derivative; this picks the one-sided Jacobian of the pooled block, so that e.g.
 torchsort's README Spearman example gets a non-zero gradient.
 
-Two ways to run the same kernels (:mod:`diffrank.operators._aot`; ``python -m diffrank.operators._aot --build``, or
+Two ways to run the same kernels (:mod:`diffrank.operators.aot`; ``python -m diffrank.operators.aot --build``, or
 ``python -m diffrank.operators.fast_soft_sort_cpu --build`` for this file alone, builds the first):
 
 - **compiled ahead** (numba's ``pycc``) into a plain extension module in ``$DIFFRANK_CACHE_DIR/aot``, loaded without
@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from diffrank.operators._aot import Kernels
+from diffrank.operators.aot import Kernels
 
 TOL = 1e-9  # the authors' partition tolerance (fast_soft_sort.numpy_ops._partition; torchsort's partition())
 
@@ -210,14 +210,14 @@ def _signatures() -> dict[str, dict[str, str]]:
 
 _DTYPE_CODES = {torch.float32: "f4", torch.float64: "f8"}
 
-#: the kernels, ahead of time or by numba's JIT (:class:`diffrank.operators._aot.Kernels`; switch DIFFRANK_FSS_AOT)
+#: the kernels, ahead of time or by numba's JIT (:class:`diffrank.operators.aot.Kernels`; switch DIFFRANK_FSS_AOT)
 KERNELS = Kernels("_diffrank_fss", __file__, globals(), _signatures(),
                   helpers=(), env="DIFFRANK_FSS_AOT")
 
 
 def build_aot() -> Path:
-    """Compile both kernels ahead of time (float32 and float64) into :func:`diffrank.operators._aot.cache_dir`;
-    returns the module's path (:meth:`diffrank.operators._aot.Kernels.build`, which lists what it raises)."""
+    """Compile both kernels ahead of time (float32 and float64) into :func:`diffrank.operators.aot.cache_dir`;
+    returns the module's path (:meth:`diffrank.operators.aot.Kernels.build`, which lists what it raises)."""
     return KERNELS.build()
 
 
@@ -233,7 +233,7 @@ def kernel(name: str, dtype) -> object:
     return KERNELS(name, _DTYPE_CODES[dtype])
 
 
-if __name__ == "__main__":  # this file's module alone (python -m diffrank.operators._aot --build builds them all)
-    from diffrank.operators._aot import main
+if __name__ == "__main__":  # this file's module alone (python -m diffrank.operators.aot --build builds them all)
+    from diffrank.operators.aot import main
 
     main(modules=("diffrank.operators.fast_soft_sort_cpu",))

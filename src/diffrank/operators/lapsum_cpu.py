@@ -18,7 +18,7 @@ numba's quicksort, or from n = 2048 on a radix sort, 2.5x faster than ``numpy.so
   at n = 10³ that overhead was most of the time (docs/lapsum_figures.md).
 
 The kernels (the functions marked compiled) run compiled ahead of time by numba's ``pycc`` when
-``python -m diffrank.operators._aot --build`` has run on this machine (:mod:`diffrank.operators._aot`; switch
+``python -m diffrank.operators.aot --build`` has run on this machine (:mod:`diffrank.operators.aot`; switch
 ``DIFFRANK_LAPSUM_AOT=build|0``), else by numba's JIT (``cache=True``). A fresh process's first top-k (forward and
 backward) then skips ``import numba`` and numba's cache loading (measured, B = 8, n = 100, 2-core machine under
 load: 0.02 s vs 0.47 s with numba's cache warm, float32 and float64). The ahead-of-time code is no slower: at
@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from diffrank.operators._aot import Kernels
+from diffrank.operators.aot import Kernels
 from diffrank.operators.base import non_finite_error
 
 _TINY = float(np.finfo(np.float64).tiny)
@@ -105,7 +105,7 @@ def _thresholds_rows(s_asc, beta, w, t):  # pragma: no cover - compiled
             t[b, m] = _threshold(s_asc[b], beta, w[b, m], big_a, big_b, knots)
 
 
-_RADIX_MIN_N = 2048  # from this n on, a radix sort beats numba's quicksort (and numpy's sort): 2.5x at n = 10⁵
+_RADIX_MIN_N = 2048  # from this n on, a radix sort beats numba's quicksort (and numpy's sort): 2.5x faster at n = 10⁵
 
 
 def _radix_sorted(a):  # pragma: no cover - compiled
@@ -293,7 +293,7 @@ def _signatures() -> dict[str, dict[str, str]]:
     return out
 
 
-#: the kernels, ahead of time or by numba's JIT (:class:`diffrank.operators._aot.Kernels`)
+#: the kernels, ahead of time or by numba's JIT (:class:`diffrank.operators.aot.Kernels`)
 KERNELS = Kernels("_diffrank_lapsum", __file__, globals(), _signatures(),
                   helpers=("_knot_sums", "_threshold", "_radix_sorted", "_sorted", "_largest_sorted"),
                   env="DIFFRANK_LAPSUM_AOT")

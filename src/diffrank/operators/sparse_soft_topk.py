@@ -431,8 +431,8 @@ class _DykstraMask(torch.autograd.Function):
         # 1 / ε of the dtype: 2^24 in float32), s - (s - 1) rounds to 0 or 2 and the mask no longer sums to k
         noise = 8 * torch.finfo(s.dtype).eps * s.abs().amax(-1, keepdim=True)
         y = torch.where((y - w).abs() <= noise, w, y)
-        # neighbours closer than √tolerance share a block (the iterate's spread inside a block is ~20-100× the
-        # last change, more than the tolerance itself); a singleton (an exact 0 / 1 item) has no gradient
+        # neighbours closer than √tolerance share a block (the iterate's spread inside a block is ~20-100× as large
+        # as the last change, more than the tolerance itself); a singleton (an exact 0 / 1 item) has no gradient
         same = (v[:, 1:] - v[:, :-1]).abs() <= tolerance ** 0.5
         new = torch.cat([torch.ones_like(v[:, :1], dtype=torch.bool), ~same], dim=-1)  # (B, 1) even for n = 1
         start = torch.where(new, torch.arange(s.shape[-1], device=s.device).expand_as(s), 0).cummax(-1).values
