@@ -40,6 +40,24 @@ def test_defaults_and_orientation_equal_diffsort(network, n, distribution):
     torch.testing.assert_close(ours, ref, atol=1e-8, rtol=0)
 
 
+def test_bitonic_for_other_n_differs_from_diffsort():
+    """n not a power of two (docs/api.md, "Porting", the known differences): at n = 10 both networks sort in the
+    hard limit and are different relaxations (up to 0.127 apart at β = 10); at n = 22 diffsort's does not sort."""
+    diffsort = pytest.importorskip("diffsort")
+    x = torch.randn(200, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    ours, _ = DiffSortNet("bitonic", 10)(x)
+    ref, _ = diffsort.DiffSortNet("bitonic", 10)(x.float())
+    assert 0.1 < float((ours - ref.double()).abs().max()) < 0.15
+    for net in (DiffSortNet("bitonic", 10, steepness=1e8), diffsort.DiffSortNet("bitonic", 10, steepness=1e8)):
+        torch.testing.assert_close(net(x.float())[0], x.float().sort(1).values, atol=1e-5, rtol=0)
+    x = torch.randn(200, 22, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    ours, _ = DiffSortNet("bitonic", 22, steepness=1e8)(x)
+    ref, _ = diffsort.DiffSortNet("bitonic", 22, steepness=1e8)(x.float())
+    torch.testing.assert_close(ours, x.sort(1).values, atol=1e-6, rtol=0)
+    unsorted = (ref.double() - x.sort(1).values).abs().amax(1) > 0.01
+    assert 0.3 < float(unsorted.double().mean()) < 0.6
+
+
 def test_x_at_p_is_the_ascending_soft_sort():
     x = torch.randn(4, 7, dtype=torch.float64)
     values, p = DiffSortNet("odd_even", 7)(x)

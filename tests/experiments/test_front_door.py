@@ -7,6 +7,7 @@ it, under the working directory outside a checkout.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,7 +40,10 @@ def _sweep(root: Path) -> Path:
 
 
 def _assert_clean(text):
+    """No traceback and no warning: Python's and Lightning's warnings print as ``<file>.py:<line>: <message>``."""
     assert "Traceback" not in text and "Warning" not in text and "HydraConfig was not set" not in text, text[-3000:]
+    warned = re.findall(r"^\S+\.py:\d+: .*$", text, flags=re.M)
+    assert not warned, warned
 
 
 def test_beta_grid_as_typed_names_the_swept_key_and_the_best(tmp_path):

@@ -5,9 +5,9 @@
 
 It needs torch, Triton and this package (``pip install -e .``; the tests step and the training rate need the
 ``experiments`` and ``dev`` extras: hydra, lightning, pytest; the peers difftopk / diffsort are used when
-installed) and nothing online. Each step gets its share of ``--budget`` seconds (default 420: about 7 minutes on
-an H100), writes into ``--out`` as it goes, and a step that fails, is skipped or runs out of time says so in the
-tables while the next one runs:
+installed) and nothing online. Each step gets its share of ``--budget`` seconds (default 420: at most about 7
+minutes; docs/gpu.md has a measured run), writes into ``--out`` as it goes, and a step that fails, is skipped or
+runs out of time says so in the tables while the next one runs:
 
 1. environment: device, versions, ``nvcc``; ``environment.json``.
 2. the peers' CUDA extensions, built in the background while step 3 runs, when ``nvcc`` is present and

@@ -10,8 +10,10 @@ README, "Math vs. Code Convention"). diffrank's own P has rows = ranks, row 0 = 
 so that ``torch.einsum("bi,bij->bj", x, P)`` (or ``x[b] @ P[b]``, and for one set ``x @ P`` as in the README) is the
 ascending soft sort. The relaxation is :class:`~diffrank.operators.sorting_network.ComparatorNetwork` with diffsort's
 defaults stated here (steepness β = 10, ``distribution="cauchy"``, λ = 0.25); the numbers equal diffsort's for
-``"odd_even"`` (every n) and ``"bitonic"`` with n a power of two. For other n diffsort's bitonic network is not a
-sorting network (docs/conventions.md, "Bitonic networks for every n"); diffrank's is, so its values differ there.
+``"odd_even"`` (every n) and ``"bitonic"`` with n a power of two. For other n the two bitonic networks differ, and
+so do the values: at some n (10) both sort in the hard limit and are two relaxations, at others (22, 38, …) diffsort's
+does not sort at all, diffrank's does at every n (docs/conventions.md, "Bitonic networks for every n"). Every known
+difference from each peer, and which is correct: docs/api.md, "Porting".
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from typing import Any
 
 from diffrank import reference
 from diffrank.experiments.records.archive import find_records
+from diffrank.experiments.records.paper_rows import canonical_pk
 from diffrank.experiments.records.record import RunRecord
 
 PAPER = "petersen_difftopk_icml2022"
@@ -62,21 +63,6 @@ def parse_pk(text: str) -> tuple[float, ...]:
         return tuple(float(v) for v in s[1:-1].split(","))
     except ValueError as e:
         raise ValueError(f"P_K must be written like '[.5,0,0,0,.5]', got {text!r}") from e
-
-
-def canonical_pk(weights: Iterable[float], length: int = 5) -> str:
-    """The reference CSVs' spelling of P_K weights, padded with zeros to ``length``: ``[0.5, 0, 0, 0, 0.5]`` →
-    ``"[.5,0,0,0,.5]"``, ``[1.0]`` → ``"[1,0,0,0,0]"``."""
-    w = [float(v) for v in weights]
-    w += [0.0] * max(0, length - len(w))
-
-    def fmt(v: float) -> str:
-        """A P_K weight as written in the paper's tables (``1``, ``.5``)."""
-        if v.is_integer():
-            return str(int(v))
-        return f"{v:g}".lstrip("0") if 0 < v < 1 else f"{v:g}"
-
-    return "[" + ",".join(fmt(v) for v in w) + "]"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""A run-time estimate printed early in a run, so that a long run can be sized to a session before it is half done."""
+"""A run-time estimate printed early in a run, so that a long run can be sized to its time limit before it is
+half done."""
 
 from __future__ import annotations
 

@@ -17,6 +17,9 @@ class ConfiguredModule(L.LightningModule):
     """
 
     scheduler_interval: ClassVar[str] = "epoch"
+    #: Lightning's ThroughputMonitor logs FLOP/s when a module says its FLOPs per batch; ours count samples/s
+    #: only (None: no FLOPs, and no warning that the attribute is missing)
+    flops_per_batch: ClassVar[int | None] = None
 
     def setup(self, stage: str) -> None:
         """Compile ``net`` with ``torch.compile`` when ``compile`` is set (fit only)."""

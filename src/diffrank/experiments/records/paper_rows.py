@@ -396,3 +396,18 @@ def table_rows(lines: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]
                       *([str(ln.get("duplicates") or "")] if duplicates else []),
                       *(_vs_regular(ln, digits) if compared else ())])
     return header, cells
+
+
+def canonical_pk(weights: Iterable[float], length: int = 5) -> str:
+    """The reference CSVs' spelling of P_K weights, padded with zeros to ``length``: ``[0.5, 0, 0, 0, 0.5]`` →
+    ``"[.5,0,0,0,.5]"``, ``[1.0]`` → ``"[1,0,0,0,0]"``."""
+    w = [float(v) for v in weights]
+    w += [0.0] * max(0, length - len(w))
+
+    def fmt(v: float) -> str:
+        """A P_K weight as written in the paper's tables (``1``, ``.5``)."""
+        if v.is_integer():
+            return str(int(v))
+        return f"{v:g}".lstrip("0") if 0 < v < 1 else f"{v:g}"
+
+    return "[" + ",".join(fmt(v) for v in w) + "]"

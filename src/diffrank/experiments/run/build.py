@@ -14,7 +14,7 @@ from diffrank.experiments.algorithms.newton import with_newton
 from diffrank.experiments.callbacks import DivergenceGuard, ResumeState, RunIdentity
 from diffrank.experiments.callbacks.run_identity import run_identity
 from diffrank.experiments.records.record import git_state
-from diffrank.experiments.run.composition import check_model_fits_data, drop_unused_groups, prepare
+from diffrank.experiments.run.composition import check_model_fits_data, drop_unused_groups, pk_as_run, prepare
 from diffrank.experiments.run.instantiate import instantiate
 
 
@@ -55,7 +55,7 @@ def build(cfg: DictConfig, info: dict[str, Any]) -> Built:
     # the loss yaml interpolates what it needs (operator: ${operator}, p_k: ${pk}); a model that brings its own
     # loss (model.algorithm: the Warcraft protocol) has none
     loss = instantiate(cfg.loss) if cfg.get("loss") is not None else None
-    used["choices"] = drop_unused_groups(cfg, used["choices"], loss)
+    used["choices"] = pk_as_run(cfg, drop_unused_groups(cfg, used["choices"], loss))  # pk.weights=[…]: what ran
     model_kwargs: dict[str, Any] = {}
     if cfg.get("newton") is not None:  # newton=<variant>: the Newton loss (thesis §7.3) around the run's loss
         if loss is None and cfg.model.get("algorithm") is not None:  # the algorithm is the loss (Warcraft)

@@ -21,7 +21,7 @@ SMOKE_ENV = "DIFFRANK_SMOKE"
 #: what the switch sets in ``trainer`` (Lightning's arguments)
 SMOKE_TRAINER = {"max_epochs": 1, "min_epochs": 1, "max_steps": 2, "limit_train_batches": 2,
                  "limit_val_batches": 2, "limit_test_batches": 2, "val_check_interval": None,
-                 "check_val_every_n_epoch": 1, "num_sanity_val_steps": 0}
+                 "check_val_every_n_epoch": 1, "num_sanity_val_steps": 0, "log_every_n_steps": 1}
 SMOKE_OPTUNA_TRIALS = 2
 
 
@@ -66,6 +66,10 @@ def apply_process_settings(cfg: DictConfig) -> dict[str, bool]:
     applied = {"ignore_warnings": bool(extras.get("ignore_warnings")), "keep_freed_memory": False}
     if applied["ignore_warnings"]:
         warnings.filterwarnings("ignore")
+    # Lightning 2.6 builds torch's deprecated LeafSpec on its first batch: a FutureWarning about Lightning's code
+    # that no user can act on, printed before the first step of every run
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                            category=FutureWarning)
     if extras.get("keep_freed_memory") and _runs_on_cpu(cfg.trainer):
         applied["keep_freed_memory"] = keep_freed_memory()
         log.info("CPU run, extras.keep_freed_memory: glibc malloc keeps freed memory (%s)",

@@ -7,13 +7,13 @@ Several cells make one queue (``cells sorting/lapsum_t4/lapsum_n3 sorting/lapsum
 their jobs run in the order given, every cell's seeds (and grid) in turn, the same overrides for all.
 
 A CPU with c cores runs c one-thread jobs faster in total than one c-thread job of a small network (batch-4
-steps do not split well over threads), and a session that ends kills its processes: every job trains in a
+steps do not split well over threads), and a job can be killed (a time limit, a lost login): every job trains in a
 fixed folder ``<out>/<experiment>/<grid values>_seed<s>``, so running the same command again skips the finished
 jobs (a ``results.json`` with ``status: done``), resumes the interrupted ones from their ``checkpoints/last.ckpt``
-(exact resume, README "Reproducibility") and starts the rest: the training runner's own decision for a run folder
-(:func:`diffrank.experiments.records.folder.folder_state`, with the job's overrides: a folder finished with other
-overrides, e.g. another ``-- model.optimizer.lr``, is not this job's), this module only launches. A folder that a
-live run holds (its lock) is left alone. Jobs start in the order given, ``--slots`` at a time; each job's output
+(exact resume, docs/experiments.md "Reproducibility") and starts the rest: the training runner's own decision for
+a run folder (:func:`diffrank.experiments.records.folder.folder_state`, with the job's overrides: a folder finished
+with other overrides, e.g. another ``-- model.optimizer.lr``, is not this job's), this module only launches. A folder
+that a live run holds (its lock) is left alone. Jobs start in the order given, ``--slots`` at a time; each job's output
 goes to ``<folder>/stdout.log``. SIGTERM / SIGINT to the runner are passed to its jobs (each records itself as
 interrupted), and the runner exits with 128 + the signal. The first job's config is composed before anything
 starts, so a typo in the experiment or an override fails at once.
