@@ -90,10 +90,14 @@ def _short_hash(text: Any) -> str:
     return hashlib.sha1(str(text).encode()).hexdigest()[:8]
 
 
-def _split_overrides(text: str) -> list[str]:
-    """``a=1,b=[2,3],c=x`` → ``["a=1", "b=[2,3]", "c=x"]``: Hydra joins a job's overrides with ``,``, and a value
-    may hold commas inside brackets, braces or quotes."""
-    parts, depth, quote, cur = [], 0, "", []
+def split_top_level(text: str) -> list[str]:
+    """Split ``text`` at the commas outside brackets, braces and quotes, as Hydra reads a list of values or a job's
+    ``override_dirname``: ``a=1,b=[2,3],c=x`` → ``["a=1", "b=[2,3]", "c=x"]``.
+
+    Raises:
+        ValueError: a closing bracket without its opening one, or brackets or quotes left open.
+    """
+    out, depth, quote, current = [], 0, "", ""
     for ch in text:
         if quote:
             quote = "" if ch == quote else quote
@@ -103,13 +107,17 @@ def _split_overrides(text: str) -> list[str]:
             depth += 1
         elif ch in "]})":
             depth -= 1
+            if depth < 0:
+                raise ValueError("a closing bracket without its opening one")
         elif ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
+            out.append(current)
+            current = ""
             continue
-        cur.append(ch)
-    parts.append("".join(cur))
-    return [p for p in parts if p]
+        current += ch
+    if depth or quote:
+        raise ValueError("unbalanced brackets or quotes")
+    out.append(current)
+    return out
 
 
 def _override_key(item: str) -> str:
@@ -129,7 +137,10 @@ def job_dir_name(override_dirname: Any, width: int = 120) -> str:
     """
     text = str(override_dirname)
     swept = [k for k in os.environ.get(SWEPT_KEYS_ENV, "").split(",") if k]
-    items = _split_overrides(text)
+    try:
+        items = [it for it in split_top_level(text) if it]
+    except ValueError:  # not Hydra's own joining: keep it whole
+        items = [text] if text else []
     rank = {k: i for i, k in enumerate(swept)}
     items.sort(key=lambda it: rank.get(_override_key(it), len(rank)))  # stable: the rest keep Hydra's order
     kept: list[str] = []
@@ -161,4 +172,5 @@ def register_resolvers() -> None:
             OmegaConf.register_new_resolver(name, fn)
 
 
-__all__ = ["ROOT_MARKER", "SWEPT_KEYS_ENV", "beta_grid", "job_dir_name", "project_root", "register_resolvers"]
+__all__ = ["ROOT_MARKER", "SWEPT_KEYS_ENV", "beta_grid", "job_dir_name", "project_root", "register_resolvers",
+           "split_top_level"]

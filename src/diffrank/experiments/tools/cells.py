@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from diffrank.experiments.records.folder import FINAL, FolderState, folder_state, job_overrides
+from diffrank.experiments.run.resolvers import split_top_level
 
 
 @dataclass
@@ -103,26 +104,10 @@ def split_values(values: str) -> list[str]:
     Raises:
         ValueError: unbalanced brackets or quotes, or an empty value.
     """
-    out, depth, quote, current = [], 0, "", ""
-    for ch in values:
-        if quote:
-            quote = "" if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "[{(":
-            depth += 1
-        elif ch in "]})":
-            depth -= 1
-            if depth < 0:
-                raise ValueError(f"--grid values '{values}': a closing bracket without its opening one")
-        elif ch == "," and depth == 0:
-            out.append(current)
-            current = ""
-            continue
-        current += ch
-    if depth or quote:
-        raise ValueError(f"--grid values '{values}': unbalanced brackets or quotes")
-    out.append(current)
+    try:
+        out = split_top_level(values)
+    except ValueError as e:
+        raise ValueError(f"--grid values '{values}': {e}") from None
     if any(not v.strip() for v in out):
         raise ValueError(f"--grid values '{values}': an empty value")
     return out
