@@ -17,7 +17,9 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.14.1 torchvision==0.29.1
-	$(BIN)/python -m pip install -q -e ".[experiments,embeddings,sweep,dev]"
+	# setuptools tells every editable install of a package-dir mapping (configs/ -> diffrank.configs) that it uses an
+	# import finder ("BuildBackendWarning: Editable installation."): information, not a fault, so not printed
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install -q -e ".[experiments,embeddings,sweep,dev]"
 	# fast soft sort's and LapSum's CPU kernels compiled ahead of time (~30 s; without a C compiler numba's JIT serves)
 	-$(BIN)/python -m diffrank.operators.aot --build
 	touch $(STAMP)

@@ -457,7 +457,7 @@ def test_planted_broken_compose_block_fails(tmp_path):
                           ("python train.py operator.no_such_key=1", "no_such_key"),
                           ("diffrank-train hparams_search=beta_grid sweep.no_such_key=1", "no_such_key"),
                           ("python -m diffrank.experiments.no_such_module x", "no_such_module")]:
-        block = _planted(tmp_path, page(*good, broken))
+        block = _planted(tmp_path, page(good[-1], broken))  # a good line first: one bad command fails the block
         with pytest.raises(SybilFailure, match=match):
             evaluate(block)
 
