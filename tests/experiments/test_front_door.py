@@ -94,7 +94,6 @@ def test_plain_run_prints_no_traceback_or_warning(tmp_path):
     assert "test/top1" in text and list((tmp_path / "outputs" / "train" / "runs").glob("*/results.json"))
 
 
-@pytest.mark.slow
 def test_hparams_search_beta_grid_as_typed(tmp_path):
     """``python train.py hparams_search=beta_grid``: 9 jobs (β = 2⁻⁴ … 2⁴), the summary names the best β."""
     text = _train(["hparams_search=beta_grid"], ROOT, DIFFRANK_ROOT=str(tmp_path))
