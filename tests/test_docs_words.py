@@ -3,7 +3,7 @@
 Read over every git-tracked ``*.md`` file and the docstrings and comments of every tracked ``src/**/*.py``:
 
 - no absolute path of a development machine (``/work/``, ``/home/``, ``/root/``, ``/Users/``, ``/tmp/``,
-  ``../shared``): a command or a path in the docs is one a user can run or has;
+  a sibling ``shared`` folder of the checkout): a command or a path in the docs is one a user can run or has;
 - no words about the circumstances the text was written in (a work session, who else used the machine): a
   measured figure keeps its conditions (machine kind, thread count, load average, date) and nothing else;
 - no ratio without a direction: ``0.10x torchsort's`` may be a time or a speed, so a number followed by ``x`` / ``×``

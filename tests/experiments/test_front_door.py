@@ -7,6 +7,7 @@ it, under the working directory outside a checkout.
 from __future__ import annotations
 
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -61,7 +62,9 @@ def test_beta_grid_as_typed_names_the_swept_key_and_the_best(tmp_path):
     for job in jobs:
         record = yaml.safe_load((sweep / job / "results.json").read_text())
         assert record["status"] == "done" and record["budget"].startswith("smoke")
-        assert record["compute"]["env"].get("ATEN_CPU_CAPABILITY") in ("avx2", None)  # pinned on x86-64
+        if platform.machine().lower() in ("x86_64", "amd64"):  # pinned before torch: ATen ran its AVX2 kernels
+            assert record["compute"]["env"]["ATEN_CPU_CAPABILITY"] == "avx2"
+            assert record["compute"]["cpu_capability"] == "AVX2"
 
 
 def test_installed_entry_point_from_another_folder_seed_sweep(tmp_path):
@@ -147,3 +150,13 @@ def test_swept_keys_lead_the_job_folder_name(monkeypatch):
     assert name.endswith("_" + resolvers.job_dir_name(long).split("_")[-1])  # the hash is of every override
     monkeypatch.setenv(resolvers.SWEPT_KEYS_ENV, "pk.weights")
     assert resolvers.job_dir_name("pk.weights=[1,2],seed=0").startswith("pk.weights=[1,2],seed=0_")
+
+
+def test_isa_pins_set_only_what_is_unset_on_x86_64():
+    from diffrank.experiments.run.isa import ISA_PINS, pin_cpu_isa
+
+    env = {"MKL_CBWR": "COMPATIBLE"}
+    assert pin_cpu_isa(env, "x86_64") == {k: v for k, v in ISA_PINS.items() if k != "MKL_CBWR"}
+    assert env["MKL_CBWR"] == "COMPATIBLE" and env["ATEN_CPU_CAPABILITY"] == "avx2"  # the user's value wins
+    assert pin_cpu_isa(env, "x86_64") == {}  # already pinned
+    assert pin_cpu_isa({}, "aarch64") == {} and pin_cpu_isa({"DIFFRANK_NATIVE_ISA": "1"}, "x86_64") == {}

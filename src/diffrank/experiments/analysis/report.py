@@ -59,7 +59,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from diffrank.experiments.records.archive import find_records, find_records_with_files  # noqa: F401
+from diffrank.experiments.records.archive import find_records_with_files
 from diffrank.experiments.records.paper_rows import (  # noqa: F401 - report.<name> as before
     LABEL_COLUMNS,
     SIGNIFICANCE,
@@ -319,6 +319,8 @@ def print_console(result: dict[str, Any]) -> None:
     from rich.text import Text
 
     def table(title: str, header: list[str], cells: list[list[str]], right: tuple[str, ...]) -> Table:
+        """A rich table of ``cells`` (rows of strings) under ``header``; the columns named in ``right`` are
+        right-aligned (numbers)."""
         t = Table(title=title)
         for h in header:
             t.add_column(h, justify="right" if h in right else "left")
