@@ -405,3 +405,21 @@ def test_a_float_dim_is_a_clear_type_error():
     import numpy as np
 
     assert torch.equal(F.soft_rank(x, method="neuralsort", dim=np.int64(1)), F.soft_rank(x, method="neuralsort"))
+
+
+def test_k_and_dim_forms_that_are_not_what_they_look_like_are_named():
+    """A complex k (tensor(2+0j)) was read as the integer 2 and a meta k failed in .item(); dim=True was taken as
+    dim 1. Each raises naming the argument; a bool or string β (read by float() as 1 or 2) too."""
+    x = _rand(2, 5)
+    for method in ("neuralsort", "lapsum"):
+        with pytest.raises(TypeError, match="k must be"):
+            F.topk_membership(x, torch.tensor(2 + 0j), method=method)
+        with pytest.raises(ValueError, match="k is on the meta device"):
+            F.topk_membership(x, torch.tensor(2.0, device="meta"), method=method)
+    with pytest.raises(ValueError, match="k is on the meta device"):
+        F.topk_membership(x, torch.tensor(2, device="meta"), method="neuralsort")
+    with pytest.raises(TypeError, match="dim must be an integer .* got True"):
+        F.soft_rank(x, method="lapsum", dim=True)
+    for beta in ("2", True):
+        with pytest.raises(ValueError, match="beta"):
+            F.soft_sort(x, method="lapsum", beta=beta)

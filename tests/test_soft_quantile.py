@@ -99,3 +99,26 @@ def test_bad_q():
         F.soft_quantile([1.0, 2.0], 0.5, method="neuralsort")
     # integer levels as Python numbers are fine (torch.quantile takes q = 0 / 1 as floats)
     torch.testing.assert_close(F.soft_quantile(x, 1, method="neuralsort", hard=True), x.max(-1).values)
+
+
+def test_an_out_of_range_level_under_vmap_is_clamped_not_extrapolated():
+    """Under vmap the range check of q cannot read it: a level of -0.5 gave a lerp with weight -2.5, a value below
+    the row's minimum. h is clamped to [0, n - 1], so such a level gives the q = 0 (or q = 1) result, and NaN gives
+    NaN; in range the result is unchanged."""
+    torch.manual_seed(5)
+    x = torch.randn(3, 6, dtype=torch.float64)
+    q = torch.tensor([0.2, -0.5, 1.7], dtype=torch.float64)
+    out = torch.func.vmap(lambda r, level: F.soft_quantile(r, level, method="neuralsort"))(x, q)
+    eager = torch.stack([F.soft_quantile(x[i], level, method="neuralsort")
+                         for i, level in enumerate((0.2, 0.0, 1.0))])
+    torch.testing.assert_close(out, eager)
+    assert x[1].min() <= out[1] and out[2] <= x[2].max()
+    nan = torch.func.vmap(lambda r, level: F.soft_quantile(r, level, method="lapsum"))(
+        x[:1], torch.tensor([float("nan")], dtype=torch.float64))
+    assert nan.isnan().all()
+
+
+def test_q_on_the_meta_device_is_named():
+    """A meta-device q failed with torch's 'Cannot copy out of meta tensor; no data!'."""
+    with pytest.raises(ValueError, match="q is on the meta device"):
+        F.soft_quantile(torch.randn(2, 5), torch.empty(2, device="meta"), method="lapsum")

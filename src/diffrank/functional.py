@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from diffrank.operators import load
-from diffrank.operators.base import RankingOperator, data_checks_traced
+from diffrank.operators.base import RankingOperator, check_beta, data_checks_traced
 
 __all__ = ["permutation_matrix", "soft_median", "soft_quantile", "soft_rank", "soft_sort", "topk_membership"]
 
@@ -83,12 +83,12 @@ def _operator(method: str | RankingOperator, beta: float | Tensor | None, option
     if options.get("samples", 1) != 1:
         raise ValueError(f"samples={options['samples']!r}: the functional API returns x's shape, without the leading "
                          "samples dimension of samples > 1; call the operator itself (diffrank.operators.load)")
-    if isinstance(beta, Tensor) and beta.requires_grad:
+    if isinstance(beta, Tensor) and beta.requires_grad and not beta.is_meta:
         # a learnable β: the operator keeps the tensor in the caller's graph, so a cached one would hold a stale
         # graph (and the refusal of a non-learnable operator comes from its constructor)
         return _build(method, {**options, "beta": beta})
     if beta is not None:
-        options = {**options, "beta": float(beta)}
+        options = {**options, "beta": check_beta(beta)}  # a float (the cache key), or beta's own error
     key = (method, tuple(sorted(options.items())))
     try:
         hash(key)
@@ -143,6 +143,8 @@ def _rows(x: Tensor, dim: int) -> tuple[Tensor, tuple[int, ...], int]:
     if not isinstance(x, Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     try:
+        if isinstance(dim, bool):  # an int to Python, a flag to the caller (torch.sort refuses it too)
+            raise TypeError
         dim = operator.index(dim)  # ints and integer-likes (numpy.int64); 1.0 would fail later as a tuple index
     except TypeError:
         raise TypeError(f"dim must be an integer (the dimension that holds the items, as in torch.sort), got "
@@ -201,8 +203,10 @@ def soft_sort(x: Tensor, *, method: str | RankingOperator, beta: float | Tensor 
             :class:`~diffrank.operators.base.RankingOperator` (then no ``beta`` / ``options``).
         beta: inverse temperature β > 0 (larger = closer to the hard sort); default None: the
             method's config β (``configs/operator/<method>.yaml``). For ``"fast_soft_sort"`` β = 1/ε, ε
-            torchsort's ``regularization_strength``. A 0-d tensor that requires grad is a learnable β for the
-            methods that support it (``learnable_beta``; others raise ``ValueError``).
+            torchsort's ``regularization_strength``. A number, a NumPy scalar or one-element array, or a
+            one-element tensor (a string or a bool raises ``ValueError``). A 0-d tensor that requires grad is a
+            learnable β for the methods that support it (``learnable_beta``; others raise ``ValueError``),
+            checked at every call; parametrise it as ``softplus(raw)`` (docs/api.md, "Learnable temperature").
         descending: False (default): ascending; True: descending (the operator convention).
         dim: the dimension to sort along.
         hard: straight-through: the forward value is ``torch.sort(x, dim, descending).values`` exactly, the
@@ -312,14 +316,17 @@ def topk_membership(x: Tensor, k: int | float | Tensor, *, method: str | Ranking
     Raises:
         TypeError: ``x`` not a tensor or not floating point; a k of the wrong type for the method (a per-row or
             real k is LapSum's: the message says so); a non-integer ``dim``.
-        ValueError: a 0-dim ``x``, n = 0, non-finite values, k out of range, a tensor k of another shape, an
-            unknown method, an operator instance with ``beta`` / options, an operator without
+        ValueError: a 0-dim ``x``, n = 0, non-finite values, k out of range, a tensor k of another shape or on the
+            meta device, an unknown method, an operator instance with ``beta`` / options, an operator without
             ``"topk_membership"`` (e.g. ``"fast_soft_sort"``), or ``hard=True`` with a fractional k.
         IndexError: ``dim`` out of range.
     """
     op = _operator(method, beta, options)
     rows, batch, dim = _rows(x, dim)
     if isinstance(k, Tensor):
+        if k.is_meta:
+            raise ValueError("k is on the meta device: it has a shape but no values; pass a number or a tensor with "
+                             "values")
         if k.dim() == 0 and not k.is_floating_point() and not k.is_complex() and k.dtype != torch.bool:
             ks: Any = [int(k)]
         elif k.dim() == 0:
@@ -402,6 +409,9 @@ def _check_q(q: float | Tensor, like: Tensor) -> tuple[Tensor, bool]:
             raise TypeError(f"q must be a float or a floating-point tensor, got a tensor of dtype {q.dtype}")
         if q.dim() > 1:
             raise ValueError(f"q must be a number, a 0-d or a 1-d tensor, got shape {tuple(q.shape)}")
+        if q.is_meta:
+            raise ValueError("q is on the meta device: it has a shape but no values. Pass the levels as a float or a "
+                             "tensor with values (on any device: it is cast to x's)")
         scalar, levels = q.dim() == 0, q.reshape(-1).to(device=like.device, dtype=like.dtype)
         if not data_checks_traced(q) and not bool(((q >= 0) & (q <= 1)).all()):  # NaN fails both comparisons
             raise ValueError(f"q must lie in [0, 1], got {q.detach().cpu().tolist()}")
@@ -428,7 +438,9 @@ def soft_quantile(x: Tensor, q: float | Tensor, *, method: str | RankingOperator
     Args:
         x: floating tensor of any shape with at least one dimension (see :func:`soft_sort`).
         q: the level(s) in [0, 1]: a Python float, or a floating tensor of shape ``()`` or ``(m,)`` (any floating
-            dtype and device: it is cast to ``x``'s), which may require grad.
+            dtype and device: it is cast to ``x``'s), which may require grad. A tensor's range is checked by one host
+            read, which ``vmap`` and ``torch.compile`` skip; there h is clamped to [0, n − 1], so a level outside
+            [0, 1] gives the soft minimum or maximum (never a value extrapolated beyond them), a NaN level NaN.
         method: any method that provides ``"soft_sort"`` (an operator name or a built operator); the others raise.
         beta: inverse temperature β > 0, default the config's.
         dim: the dimension that holds the items.
@@ -443,9 +455,9 @@ def soft_quantile(x: Tensor, q: float | Tensor, *, method: str | RankingOperator
     Raises:
         TypeError: ``x`` not a floating tensor; ``q`` not a real number or floating tensor (integer / bool tensors,
             bools, strings).
-        ValueError: ``q`` outside [0, 1] or NaN, ``q`` with more than one dimension, non-finite ``x``, an unknown
-            method or an operator without ``"soft_sort"`` (the message lists what it provides), and the errors of
-            :func:`soft_sort`.
+        ValueError: ``q`` outside [0, 1] or NaN (eagerly), ``q`` with more than one dimension or on the meta device,
+            non-finite ``x``, an unknown method or an operator without ``"soft_sort"`` (the message lists what it
+            provides), and the errors of :func:`soft_sort`.
         IndexError: ``dim`` out of range.
     """
     if not isinstance(x, Tensor):
@@ -455,8 +467,10 @@ def soft_quantile(x: Tensor, q: float | Tensor, *, method: str | RankingOperator
     dim = dim % x.dim()
     v = v.movedim(dim, -1)  # (..., n), ascending
     n = v.shape[-1]
-    h = levels * (n - 1)
-    lo = h.detach().floor().clamp(0, n - 1).long()
+    # clamped to [0, n - 1]: a level outside [0, 1] that the range check could not read (vmap, torch.compile) gives
+    # the minimum or maximum, never a value extrapolated past them; a NaN level stays NaN (the weight below)
+    h = (levels * (n - 1)).clamp(0, n - 1)
+    lo = h.detach().nan_to_num(0.0).floor().long()
     hi = (lo + 1).clamp(max=n - 1)
     out = torch.lerp(v[..., lo], v[..., hi], (h - lo.to(h.dtype)).expand(*v.shape[:-1], -1))  # (..., m)
     if keepdim:

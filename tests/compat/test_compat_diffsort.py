@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -77,3 +78,17 @@ def test_bad_arguments_raise():
         DiffSortNet("odd_even", 4)(torch.randn(2, 5))
     with pytest.raises(ValueError, match="unknown sigmoid"):
         DiffSortNet("odd_even", 4, distribution="softmax")
+
+
+def test_size_and_steepness_are_checked_at_construction_under_their_names():
+    """DiffSortNet('odd_even', -2) was built without complaint and its first call said 'vectors must have shape
+    (B, -2)'; a size below 1 or not an integer (6.5 was truncated to 6) is refused at construction, and a bad
+    steepness is reported as steepness (the caller never passed a β)."""
+    for size, error in ((-2, ValueError), (0, ValueError), (6.5, TypeError), ("6", TypeError), (True, TypeError)):
+        with pytest.raises(error, match="size must be an integer"):
+            DiffSortNet("odd_even", size)
+    for steepness in (-1.0, 0.0, float("nan"), "10"):
+        with pytest.raises(ValueError, match="steepness must be a finite positive number") as e:
+            DiffSortNet("odd_even", 4, steepness=steepness)
+        assert "beta" not in str(e.value)
+    assert DiffSortNet("bitonic", np.int64(4)).size == 4

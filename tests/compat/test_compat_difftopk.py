@@ -6,6 +6,7 @@ import contextlib
 import importlib.util
 import io
 
+import numpy as np
 import pytest
 import torch
 
@@ -118,3 +119,36 @@ def test_bad_arguments_raise():
         TopKCrossEntropyLoss("sinkhorn_sort", 1.0, [1.0], n=10)
     with pytest.raises(ValueError, match=r"shape \(B, 8\)"):
         DiffTopkNet("bitonic", 8, 2)(torch.randn(1, 9))
+
+
+def test_a_real_k_or_size_is_refused_not_truncated():
+    """DiffTopkNet('bitonic', 6, 2.7) returned the top 2 (int(2.7)), and k = 1.9 the top 1; difftopk takes an integer
+    k, so a real one is a TypeError naming k (and likewise size)."""
+    for k in (2.7, 1.9, 2.0, "2"):
+        with pytest.raises(TypeError, match="k must be an integer"):
+            DiffTopkNet("bitonic", 6, k)
+    with pytest.raises(TypeError, match="size must be an integer"):
+        DiffTopkNet("bitonic", 6.5, 2)
+    for k in (0, 7):
+        with pytest.raises(ValueError, match="k must"):
+            DiffTopkNet("bitonic", 6, k)
+    assert DiffTopkNet("bitonic", 6, np.int64(2))(torch.randn(3, 6))[1].shape == (3, 6, 2)
+
+
+def test_the_loss_names_its_own_arguments():
+    """Logits with 5 classes for a loss built with n = 10, m = 8 were refused by diffrank's loss with 'm-subset size
+    m = 8 exceeds the number of classes n = 5 (set loss.m=null ...)': a Hydra key, and not the declared n. The call
+    names n and the shape; a bad inverse_temperature, n, m or p_k is reported under its own name."""
+    loss = TopKCrossEntropyLoss("bitonic", 1.0, [0.5, 0.5], n=10, m=8, distribution="cauchy")
+    with pytest.raises(ValueError, match=r"outputs must have n = 10 classes .* got shape \(4, 5\)") as e:
+        loss(torch.randn(4, 5), torch.tensor([0, 1, 2, 3]))
+    assert "loss.m" not in str(e.value)
+    with pytest.raises(ValueError, match="inverse_temperature must be a finite positive number"):
+        TopKCrossEntropyLoss("softsort", -1.0, [0.5, 0.5], n=10)
+    with pytest.raises(TypeError, match="n must be an integer"):
+        TopKCrossEntropyLoss("softsort", 1.0, [0.5, 0.5], n=10.5)
+    with pytest.raises(TypeError, match="m must be an integer"):
+        TopKCrossEntropyLoss("softsort", 1.0, [0.5, 0.5], n=10, m=4.5)
+    with pytest.raises(ValueError, match="p_k must be a sequence of numbers"):
+        TopKCrossEntropyLoss("softsort", 1.0, ["half", "half"], n=10)
+    assert loss(torch.randn(4, 10), torch.tensor([0, 1, 2, 3])).isfinite()

@@ -7,6 +7,7 @@ printed to 10 digits; the official package itself is not needed here.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch.autograd import gradcheck
@@ -105,3 +106,37 @@ def test_shapes_and_errors():
         C.soft_rank(X, 0.0)
     with pytest.raises(ValueError, match="k must satisfy"):
         C.log_soft_topk(X, K * 10, 1.0)
+
+
+@pytest.mark.parametrize("dim", [2, 3, -3])
+def test_dim_outside_the_range_of_x_raises_instead_of_wrapping_round(dim):
+    """dim = 2 of a 2-D x used to be taken modulo 2, i.e. the top-k over the rows (every column summing to k); as in
+    torch, a dim outside [-x.dim(), x.dim()) is an IndexError naming it."""
+    x = torch.randn(3, 6, dtype=F64)
+    for call in (lambda: C.soft_topk(x, 2, -1.0, dim=dim), lambda: C.log_soft_topk(x, 2, -1.0, dim=dim),
+                 lambda: C.soft_rank(x, -1.0, dim=dim), lambda: C.soft_sort(x, -1.0, dim=dim)):
+        with pytest.raises(IndexError, match=f"dim = {dim} is out of range"):
+            call()
+    torch.testing.assert_close(C.soft_rank(x, -1.0, dim=-2), C.soft_rank(x, -1.0, dim=0))  # in range: as before
+
+
+def test_arguments_of_the_wrong_type_are_named():
+    """k as a list, a string or a complex tensor, dim as a float or a bool, alpha as a string, a two-element array or
+    a meta tensor, and integer scores each raise an error naming the argument (k = [1., 2.] used to fail inside
+    float(), dim = 1.0 inside movedim(), and k = '2' or alpha = '2' was read as the number 2)."""
+    with pytest.raises(TypeError, match=r"k must be a real number or a tensor .* got list \[1.0, 2.0\]"):
+        C.soft_topk(X, [1.0, 2.0], -1.0)
+    with pytest.raises(TypeError, match="k must be a real number"):
+        C.soft_topk(X, "2", -1.0)
+    with pytest.raises(TypeError, match="k must be a real tensor"):
+        C.soft_topk(X, torch.tensor(2 + 0j), -1.0)
+    for dim in (1.0, True, "1"):
+        with pytest.raises(TypeError, match="dim must be an integer"):
+            C.soft_rank(X, -1.0, dim=dim)
+    for alpha in ("2", np.array([1.0, 2.0]), torch.tensor(1.0, device="meta"), True):
+        with pytest.raises(ValueError, match="alpha"):
+            C.soft_sort(X, alpha)
+    with pytest.raises(TypeError, match="x must be floating point"):
+        C.soft_rank(torch.tensor([[1, 3, 2]]), -1.0)
+    # the integer-like forms are what they say
+    torch.testing.assert_close(C.soft_rank(X, np.array([-0.5]), dim=np.int64(1)), C.soft_rank(X, -0.5))

@@ -4,6 +4,9 @@ is installed (``make torchsort``)."""
 
 from __future__ import annotations
 
+import warnings
+
+import numpy as np
 import pytest
 import torch
 
@@ -11,6 +14,16 @@ import diffrank.compat.torchsort as torchsort
 
 F64 = torch.float64
 X = torch.tensor([[8, 0, 5, 3, 2, 1, 6, 7, 9]])  # torchsort README: an integer tensor
+
+
+@pytest.fixture
+def every_torch_warning():
+    """torch's once-per-process warnings (TORCH_WARN_ONCE) given at every occurrence, so that a test sees them
+    whatever ran before it."""
+    before = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)
+    yield
+    torch.set_warn_always(before)
 
 
 def test_readme_values_and_integer_input():
@@ -113,3 +126,49 @@ def test_benchmark_suite_smoke(monkeypatch):
                                                                                         ("soft_sort", 2, 50)]
     for r in rows:
         assert r["ratio (torchsort / ours)"] == "-" or float(r["ratio (torchsort / ours)"]) > 0
+
+
+def test_complex_values_are_refused_rather_than_ranked_by_their_real_parts():
+    """Promoting a complex tensor to float keeps only its real parts (torch merely warns), so [1+5j, 2-9j, 3+0j] was
+    ranked as [1, 2, 3]; complex values raise, naming 'values'. Integer and bool values are still promoted."""
+    with pytest.raises(TypeError, match=r"'values' must be real .*complex64"):
+        torchsort.soft_rank(torch.tensor([[1 + 5j, 2 - 9j, 3 + 0j]]))
+    with pytest.raises(TypeError, match="'values' must be real"):
+        torchsort.soft_sort(torch.tensor([[1 + 5j, 2 - 9j]], dtype=torch.complex128))
+    with pytest.raises(TypeError, match="'values' must be a torch.Tensor"):
+        torchsort.soft_rank([[1.0, 2.0]])
+    assert torchsort.soft_rank(torch.tensor([[True, False]])).dtype == torch.get_default_dtype()
+
+
+@pytest.mark.parametrize("eps", [
+    float("inf"), float("nan"), -1.0, "2", True, 1e-320,
+    torch.tensor([1.0, 2.0]), np.array([1.0, 2.0]), torch.tensor(1.0, device="meta"), torch.tensor(1 + 0j),
+    torch.tensor(-1.0, dtype=F64, requires_grad=True), torch.tensor(0.0, dtype=F64, requires_grad=True),
+    torch.tensor(float("nan"), dtype=F64, requires_grad=True),
+], ids=lambda e: repr(e).replace(" ", ""))
+@pytest.mark.parametrize("function", ["soft_rank", "soft_sort"])
+def test_a_bad_regularization_strength_is_named_as_such(function, eps):
+    """The caller passes ε, never a β: every refusal names regularization_strength (ε = inf was reported as 'beta
+    (inverse temperature) ... got 0.0', a tensor ε = 0 as '... got inf', a two-element tensor ε as torch's 'only one
+    element tensors can be converted')."""
+    with pytest.raises(ValueError, match=r"regularization_strength \(ε = 1/β\)") as e:
+        getattr(torchsort, function)(X.double(), regularization_strength=eps)
+    assert "beta" not in str(e.value)
+
+
+def test_one_element_regularization_strengths_are_read_as_numbers():
+    """A NumPy scalar or one-element array ε, or a one-element tensor, is that number."""
+    want = torchsort.soft_rank(X, regularization_strength=0.5)
+    for eps in (np.float64(0.5), np.array([0.5]), torch.tensor([0.5]), torch.tensor(0.5, dtype=F64)):
+        torch.testing.assert_close(torchsort.soft_rank(X, regularization_strength=eps), want)
+
+
+def test_a_learnable_regularization_strength_converts_no_tensor_that_requires_grad(every_torch_warning):
+    """A tensor ε that requires grad gets its gradient without torch's 'Converting a tensor with requires_grad=True to
+    a scalar' warning (which the operator's float(β) gave; it fails a run under -W error)."""
+    eps = torch.tensor(0.7, dtype=F64, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torchsort.soft_rank(X.double(), regularization_strength=eps).pow(2).sum().backward()
+        torchsort.soft_sort(X.double(), "kl", regularization_strength=eps).sum().backward()
+    assert eps.grad is not None and torch.isfinite(eps.grad)

@@ -237,3 +237,24 @@ def test_the_checkpointed_chain_has_the_same_gradient_and_saves_less(mode, monke
         torch.testing.assert_close(h, g, atol=1e-12, rtol=0)
         if len(net.layers) >= 16:
             assert fewer < 0.6 * kept
+
+
+def test_the_odd_even_networks_depth_is_counted_by_the_memory_check(monkeypatch):
+    """Every call keeps two (B, <= n) tensors per layer for the backward pass, and the odd-even network has n layers:
+    F.soft_rank of 50 000 items under a 6 GB address-space limit ran for 20 s and failed with torch's bare "can't
+    allocate". The layers count in the memory check now (DenseMemoryError before anything large is built, naming the
+    depth and the bitonic network's), for the soft sort, soft rank and top-k; the bitonic network is not refused."""
+    import diffrank.functional as F
+    from diffrank.operators.memory import CHECK_FROM_BYTES, DENSE_BUFFERS, ENV, DenseMemoryError
+
+    monkeypatch.setenv(ENV, "100M")
+    x = torch.randn(1, 9000)
+    for call in (F.soft_rank, F.soft_sort, lambda s, **kw: F.topk_membership(s, 2, **kw)):
+        with pytest.raises(DenseMemoryError, match=r"ComparatorNetwork\.\w+ on 1 set\(s\) of n = 9000 .* that network "
+                                                   r"has 9000 layers at n = 9000 \(network='bitonic' has \d+\)"):
+            call(x, method="diffsort_odd_even")
+    # a lower bound: the values and weights the layers keep, 2 x (n - 1) / 2 per layer, as DENSE_BUFFERS rows of n
+    rows = load("diffsort_odd_even")._dense_rows("soft_rank", 9000, None)
+    assert DENSE_BUFFERS * rows * 9000 <= 9000 * 8999 < (DENSE_BUFFERS * rows + DENSE_BUFFERS) * 9000
+    bitonic_rows = load("diffsort_bitonic")._dense_rows("soft_rank", 9000, None)
+    assert DENSE_BUFFERS * bitonic_rows * 9000 * 4 < CHECK_FROM_BYTES  # O(log² n) layers: never checked at this n

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from diffrank.operators.base import check_beta, check_int
 from diffrank.operators.sorting_network import ComparatorNetwork
 
 #: diffsort's ``DiffSortNet`` defaults (its ``diffsort.py``)
@@ -48,8 +49,9 @@ class DiffSortNet(nn.Module):
 
     Raises:
         ValueError: an unknown network or distribution, ``interpolation_type`` and ``distribution`` that disagree
-            (diffsort asserts the same), or ``vectors`` not ``(B, size)``; the errors of
-            :class:`~diffrank.operators.base.RankingOperator` for bad values (NaN / inf).
+            (diffsort asserts the same), ``size`` not an integer >= 1, ``steepness`` not a finite number > 0, or
+            ``vectors`` not ``(B, size)``; the errors of :class:`~diffrank.operators.base.RankingOperator` for bad
+            values (NaN / inf).
     """
 
     def __init__(self, sorting_network_type: str, size: int, device: str | torch.device | None = None,
@@ -60,10 +62,10 @@ class DiffSortNet(nn.Module):
             raise ValueError(f"sorting_network_type must be one of {NETWORKS}, got {sorting_network_type!r}")
         distribution = peer_distribution(distribution, interpolation_type, "diffsort")
         self.sorting_network_type = sorting_network_type
-        self.size = int(size)
+        self.size = check_count(size, "size", "the number of values per set")
         self.steepness, self.art_lambda, self.distribution = steepness, art_lambda, distribution
-        self.operator = ComparatorNetwork(beta=steepness, sigmoid=distribution, art_lambda=art_lambda,
-                                          network=sorting_network_type)
+        self.operator = ComparatorNetwork(beta=check_beta(steepness, learnable=True, name="steepness"),
+                                          sigmoid=distribution, art_lambda=art_lambda, network=sorting_network_type)
 
     def forward(self, vectors: Tensor) -> tuple[Tensor, Tensor]:
         """``(ascending soft sort (B, n), P (B, n, n))`` in diffsort's orientation (see the class docstring)."""
@@ -86,6 +88,17 @@ def peer_distribution(distribution: str | None, interpolation_type: str | None, 
                          f"interpolation_type={interpolation_type!r}); interpolation_type is {peer}'s "
                          "deprecated name of distribution")
     return interpolation_type
+
+
+def check_count(value: int, name: str, what: str, low: int = 1) -> int:
+    """An integer argument of the peers' constructors (``size``, ``k``, ``n``) as an int, refused rather than
+    truncated (``int(2.7)`` would be 2): :func:`diffrank.operators.base.check_int`.
+
+    Raises:
+        TypeError: not an integer (a float such as 2.7 or 6.0, a string; ``numpy.int64`` is one).
+        ValueError: below ``low``.
+    """
+    return check_int(value, name, low, what)
 
 
 def check_vectors(vectors: Tensor, size: int) -> None:

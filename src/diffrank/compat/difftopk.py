@@ -25,8 +25,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from diffrank.compat.diffsort import check_vectors, peer_distribution
+from diffrank.compat.diffsort import check_count, check_vectors, peer_distribution
 from diffrank.losses.topk_cross_entropy import TopKCrossEntropyLoss as _Loss
+from diffrank.operators.base import check_beta
 from diffrank.operators.neuralsort import NeuralSort
 from diffrank.operators.softsort import SoftSort
 from diffrank.operators.sorting_network import ComparatorNetwork
@@ -60,8 +61,9 @@ class DiffTopkNet(nn.Module):
 
     Raises:
         ValueError: an unknown network or distribution, ``"splitter_selection"`` with ``sparse=False`` (difftopk
-            has no dense splitter), k outside [1, size], disagreeing ``interpolation_type`` / ``distribution``, or
-            ``vectors`` not ``(B, size)``.
+            has no dense splitter), ``size`` < 1, k outside [1, size], ``steepness`` not a finite number > 0,
+            disagreeing ``interpolation_type`` / ``distribution``, or ``vectors`` not ``(B, size)``.
+        TypeError: ``size`` or ``k`` not an integer (a real k such as 2.7 is refused, not truncated).
     """
 
     def __init__(self, sorting_network_type: str, size: int, k: int, sparse: bool = NET_DEFAULTS["sparse"],
@@ -73,13 +75,15 @@ class DiffTopkNet(nn.Module):
             raise ValueError(f"sorting_network_type must be one of {NETWORKS}, got {sorting_network_type!r}")
         if sorting_network_type == "splitter_selection" and not sparse:
             raise ValueError("difftopk builds the splitter selection network only with sparse=True")
-        if not 1 <= int(k) <= int(size):
+        size = check_count(size, "size", "the number of values per set")
+        k = check_count(k, "k", "the number of top ranks; difftopk takes no real-valued k")
+        if k > size:
             raise ValueError(f"k must satisfy 1 <= k <= size = {size}, got {k}")
         distribution = peer_distribution(distribution, interpolation_type, "difftopk")
-        self.sorting_network_type, self.size, self.k, self.sparse = sorting_network_type, int(size), int(k), sparse
+        self.sorting_network_type, self.size, self.k, self.sparse = sorting_network_type, size, k, sparse
         self.steepness, self.art_lambda, self.distribution = steepness, art_lambda, distribution
-        self.operator = ComparatorNetwork(beta=steepness, sigmoid=distribution, art_lambda=art_lambda,
-                                          network=sorting_network_type)
+        self.operator = ComparatorNetwork(beta=check_beta(steepness, learnable=True, name="steepness"),
+                                          sigmoid=distribution, art_lambda=art_lambda, network=sorting_network_type)
 
     def forward(self, vectors: Tensor) -> tuple[None, Tensor]:
         """``(None, X (B, n, k))`` in difftopk's orientation (see the class docstring)."""
@@ -108,7 +112,9 @@ class TopKCrossEntropyLoss(nn.Module):
 
     Raises:
         ValueError: an unknown method or top1_mode, a network method without ``distribution``, P_K not summing to 1,
-            m outside (max k, n), and the errors of diffrank's loss (bad logits, labels).
+            n < 2, m outside (max k, n), ``inverse_temperature`` not a finite number > 0, and (at the call) outputs
+            with other than n classes and the errors of diffrank's loss (bad logits, labels).
+        TypeError: ``n`` or ``m`` not an integer.
     """
 
     def __init__(self, diffsort_method: str, inverse_temperature: float, p_k: Sequence[float], n: int,
@@ -116,12 +122,19 @@ class TopKCrossEntropyLoss(nn.Module):
                  art_lambda: float | None = LOSS_DEFAULTS["art_lambda"], device: str | torch.device | None = "cpu",
                  top1_mode: str = LOSS_DEFAULTS["top1_mode"]) -> None:
         super().__init__()
-        p_k = [float(p) for p in p_k]
+        try:
+            p_k = [float(p) for p in p_k]
+        except (TypeError, ValueError):
+            raise ValueError(f"p_k must be a sequence of numbers P_K(1), …, P_K(K) summing to 1, got {p_k!r}") from None
         if not 0.9999 < sum(p_k) < 1.0001:
             raise ValueError(f"P_K does not sum up to 1: {p_k} sums up to {sum(p_k)}")
         k = len(p_k)
-        if m is not None and not k < m < n:
-            raise ValueError(f"difftopk needs len(p_k) = {k} < m < n = {n}, got m = {m}")
+        n = check_count(n, "n", "the number of classes", low=2)
+        if m is not None:
+            m = check_count(m, "m", "the m-subset size, or None for all n classes")
+            if not k < m < n:
+                raise ValueError(f"difftopk needs len(p_k) = {k} < m < n = {n}, got m = {m}")
+        inverse_temperature = check_beta(inverse_temperature, learnable=True, name="inverse_temperature")
         if diffsort_method in LOSS_NETWORKS:
             if distribution is None:
                 raise ValueError(f"diffsort_method={diffsort_method!r} needs a distribution (the sigmoid), e.g. "
@@ -139,10 +152,18 @@ class TopKCrossEntropyLoss(nn.Module):
         if top1_mode not in ("sm", "smce", "sort"):
             raise ValueError(f"top1_mode must be 'sm', 'smce' or 'sort', got {top1_mode!r}")
         self.diffsort_method, self.inverse_temperature, self.p_k, self.n, self.m = (
-            diffsort_method, inverse_temperature, p_k, int(n), m)
+            diffsort_method, inverse_temperature, p_k, n, m)
         self.top1_mode = top1_mode
         self.loss = _Loss(operator, p_k, m=m, top1_mode=top1_mode)
 
     def forward(self, outputs: Tensor, labels: Tensor) -> Tensor:
-        """The mean loss of ``outputs (B, n)`` against ``labels (B,)``: a scalar."""
+        """The mean loss of ``outputs (B, n)`` against ``labels (B,)``: a scalar.
+
+        Raises:
+            ValueError: ``outputs`` whose last dimension is not the ``n`` the loss was built with; the errors of
+                diffrank's loss (bad logits, labels).
+        """
+        if isinstance(outputs, Tensor) and outputs.dim() >= 1 and outputs.shape[-1] != self.n:
+            raise ValueError(f"outputs must have n = {self.n} classes (the loss was built with n={self.n}), got shape "
+                             f"{tuple(outputs.shape)}")
         return self.loss(outputs, labels)

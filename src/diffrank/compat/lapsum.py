@@ -23,43 +23,98 @@ these leave it as it is (the gradient is the derivative with respect to the tens
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from diffrank.operators.base import data_checks_traced
 from diffrank.operators.lapsum import LapSum, log_interval_mass, log_laplace_cdf
 
 __all__ = ["soft_topk", "log_soft_topk", "soft_rank", "soft_sort", "cross_entropy"]
 
 
-def _beta(alpha: float | Tensor, who: str) -> float | Tensor:
-    """β = 1/|α| (a tensor keeps its graph)."""
+def _alpha(alpha: float | Tensor, who: str) -> float | Tensor:
+    """α validated: a non-zero finite real number, as a float, or the 0-d tensor of a tensor ``alpha``.
+
+    Raises:
+        ValueError: not one real number (a string, a bool, a complex or integer tensor, an array or tensor of several
+            elements, a tensor on the meta device), zero, or not finite.
+    """
+    if isinstance(alpha, np.ndarray):
+        if alpha.size != 1:
+            raise ValueError(f"{who}: alpha must be one number, got an array of shape {alpha.shape}")
+        alpha = alpha.reshape(()).item()
     if isinstance(alpha, Tensor):
         if alpha.numel() != 1 or not alpha.is_floating_point():
             raise ValueError(f"{who}: alpha must be one floating number, got shape {tuple(alpha.shape)}, "
                              f"dtype {alpha.dtype}")
-        a = alpha.reshape(())
+        if alpha.is_meta:
+            raise ValueError(f"{who}: alpha is on the meta device: it has a shape but no value; pass a float or a "
+                             "tensor with a value")
+        return alpha.reshape(())
+    if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, numbers.Real):
+        raise ValueError(f"{who}: alpha must be a non-zero finite number, got {alpha!r} of type "
+                         f"{type(alpha).__name__}")
+    value = float(alpha)
+    if value == 0 or not math.isfinite(value):
+        raise ValueError(f"{who}: alpha must be a non-zero finite number, got {alpha!r}")
+    return value
+
+
+def _beta(alpha: float | Tensor, who: str) -> float | Tensor:
+    """β = 1/|α| (a tensor keeps its graph); α validated by :func:`_alpha` (one read of a tensor's value)."""
+    a = _alpha(alpha, who)
+    if isinstance(a, Tensor):
         value = float(a.detach())
         if value == 0 or not math.isfinite(value):
             raise ValueError(f"{who}: alpha must be a non-zero finite number, got {value}")
         return 1.0 / a.abs() if a.requires_grad else 1.0 / abs(value)
-    value = float(alpha)
-    if value == 0 or not math.isfinite(value):
-        raise ValueError(f"{who}: alpha must be a non-zero finite number, got {alpha!r}")
-    return 1.0 / abs(value)
+    return 1.0 / abs(a)
 
 
 def _sign(alpha: float | Tensor) -> float:
-    return math.copysign(1.0, float(alpha.detach()) if isinstance(alpha, Tensor) else float(alpha))
+    a = _alpha(alpha, "alpha")
+    return math.copysign(1.0, float(a.detach()) if isinstance(a, Tensor) else a)
+
+
+def _dim(dim: int, x: Tensor) -> int:
+    """``dim`` as an index in ``[0, x.dim())``, as torch checks it.
+
+    Raises:
+        TypeError: ``dim`` not an integer (``1.0``, a string).
+        IndexError: ``dim`` outside ``[-x.dim(), x.dim())`` (never wrapped round: ``dim=2`` of a 2-D ``x`` is not
+            its rows).
+    """
+    try:
+        if isinstance(dim, bool):
+            raise TypeError
+        dim = operator.index(dim)  # ints and integer-likes (numpy.int64)
+    except TypeError:
+        raise TypeError(f"dim must be an integer (the dimension that holds the items), got {dim!r} of type "
+                        f"{type(dim).__name__}") from None
+    if not -x.dim() <= dim < x.dim():
+        raise IndexError(f"dim = {dim} is out of range for x with {x.dim()} dimensions (expected in "
+                         f"[{-x.dim()}, {x.dim() - 1}])")
+    return dim % x.dim()
 
 
 def _rows(x: Tensor, dim: int) -> tuple[Tensor, tuple]:
-    """``x`` with ``dim`` last, flattened to rows ``(R, n)``, and what :func:`_unrows` needs."""
+    """``x`` with ``dim`` last, flattened to rows ``(R, n)``, and what :func:`_unrows` needs.
+
+    Raises:
+        TypeError: ``x`` not a floating tensor, ``dim`` not an integer. ValueError: a 0-dim ``x``. IndexError:
+            ``dim`` out of range (:func:`_dim`).
+    """
     if not isinstance(x, Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() < 1:
         raise ValueError("x must have at least one dimension")
-    dim = dim % x.dim()
+    if not x.is_floating_point():
+        raise TypeError(f"x must be floating point (float16 / bfloat16 / float32 / float64), got dtype {x.dtype}")
+    dim = _dim(dim, x)
     moved = x.movedim(dim, -1)
     return moved.reshape(-1, moved.shape[-1]), (dim, moved.shape)
 
@@ -74,7 +129,13 @@ def _topk_args(x: Tensor, k: Tensor | float, dim: int) -> tuple[Tensor, Tensor, 
     rows, meta = _rows(x, dim)
     d = meta[0]
     if not isinstance(k, Tensor):
+        if isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Real):
+            raise TypeError(f"k must be a real number or a tensor shaped like x but of size m along dim = {d} (m ks "
+                            f"per row), got {type(k).__name__} {k!r}; several ks per row are a tensor, e.g. "
+                            "torch.tensor([1.0, 2.0]).expand(B, 2) for a 2-D x (B, n)")
         k = torch.tensor(float(k), dtype=x.dtype, device=x.device)
+    elif k.is_complex() or k.dtype == torch.bool:
+        raise TypeError(f"k must be a real tensor, got dtype {k.dtype}")
     if k.dim() == x.dim() - 1:
         k = k.unsqueeze(d)
     if k.dim() == 0:
@@ -115,8 +176,9 @@ def soft_topk(x: Tensor, k: Tensor | float, alpha: float | Tensor, dim: int = 1,
         ``x``'s shape for m = 1; ``(B, m, n)`` for a 2-D ``x`` ``(B, n)`` and m ks per row (the official layout).
 
     Raises:
-        ValueError / TypeError: alpha 0 or not finite, k of another shape or outside (0, n], bad scores (as
-            :meth:`LapSum.topk_membership`).
+        ValueError / TypeError: alpha not one non-zero finite number, k not a real number or real tensor, k of
+            another shape or outside (0, n], a non-integer ``dim``, bad scores (as :meth:`LapSum.topk_membership`).
+        IndexError: ``dim`` outside ``[-x.dim(), x.dim())``.
     """
     rows, ks, meta, m = _topk_args(x, k, dim)
     op = LapSum(_beta(alpha, "soft_topk"))
@@ -134,7 +196,7 @@ def log_soft_topk(x: Tensor, k: Tensor | float, alpha: float | Tensor, dim: int 
     beta = _beta(alpha, "log_soft_topk")
     op = LapSum(beta)
     s = rows if largest else -rows
-    if not bool(((ks > 0) & (ks <= n)).all()):
+    if not data_checks_traced(ks) and not bool(((ks > 0) & (ks <= n)).all()):  # no read under vmap / compile
         raise ValueError(f"k must satisfy 0 < k <= n = {n}")
     live = ks < n
     b = op.inverse(s, torch.where(live, ks, n / 2))  # validates the scores; k = n: log p = 0
@@ -155,7 +217,9 @@ def soft_rank(x: Tensor, alpha: float | Tensor = -1, dim: int = 1) -> Tensor:
         ``x``'s shape; each row sums to n(n - 1)/2.
 
     Raises:
-        ValueError / TypeError: alpha 0 or not finite, bad scores (as :meth:`LapSum.soft_rank`).
+        ValueError / TypeError: alpha not one non-zero finite number, a non-integer ``dim``, bad scores (as
+            :meth:`LapSum.soft_rank`).
+        IndexError: ``dim`` outside ``[-x.dim(), x.dim())``.
     """
     rows, meta = _rows(x, dim)
     op = LapSum(_beta(alpha, "soft_rank"))
@@ -175,7 +239,9 @@ def soft_sort(x: Tensor, alpha: float | Tensor = -1, dim: int = 1) -> Tensor:
         ``x``'s shape.
 
     Raises:
-        ValueError / TypeError: alpha 0 or not finite, bad scores (as :meth:`LapSum.soft_sort`).
+        ValueError / TypeError: alpha not one non-zero finite number, a non-integer ``dim``, bad scores (as
+            :meth:`LapSum.soft_sort`).
+        IndexError: ``dim`` outside ``[-x.dim(), x.dim())``.
     """
     rows, meta = _rows(x, dim)
     op = LapSum(_beta(alpha, "soft_sort"))

@@ -21,20 +21,21 @@ fails under ``backend="auto"``) and casts the result back to the input dtype. Va
 the host at most once per call (one read of all data-dependent checks together). Losses and experiments
 call :func:`require` to reject an operator that cannot serve them, with a message naming what is missing.
 
-**Tracing.** The data-dependent checks (NaN / ±inf scores, a caller's pending checks) need a host read, which
-``torch.compile`` cannot trace (a graph break, and no ``fullgraph=True``) and ``torch.func.vmap`` refuses
-("data-dependent control flow"). They are skipped under ``torch.compiler.is_compiling()`` and for tensors batched
-by ``vmap`` at any level (:func:`data_checks_traced`); everything else (shapes, dtypes, k, β, capabilities) is
-still checked, and eager calls (``torch.func.grad`` / ``jacrev`` included) raise exactly as before. Validate the
-values once outside the compiled or vmapped function where bad input is possible (docs/api.md, "torch.compile
-and torch.func").
+**Tracing.** The data-dependent checks (NaN / ±inf scores, the sign of a tensor β, a caller's pending checks) need
+a host read, which ``torch.compile`` cannot trace (a graph break, and no ``fullgraph=True``) and ``torch.func.vmap``
+refuses ("data-dependent control flow"). They are skipped under ``torch.compiler.is_compiling()`` and for tensors
+batched by ``vmap`` at any level (:func:`data_checks_traced`); everything else (shapes, dtypes, k, a float β,
+capabilities) is still checked, and eager calls (``torch.func.grad`` / ``jacrev`` included) raise exactly as
+before. Validate the values once outside the compiled or vmapped function where bad input is possible
+(docs/api.md, "torch.compile and torch.func").
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+import operator
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -53,8 +54,9 @@ ALL_CAPABILITIES = frozenset({PERMUTATION, TOPK_MEMBERSHIP, SOFT_SORT, SOFT_RANK
 # the protected hook of each capability but the permutation (RankingOperator._dense_rows: overridden or not)
 _HOOKS = {TOPK_MEMBERSHIP: "_topk_membership", SOFT_SORT: "_soft_sort", SOFT_RANK: "_soft_rank"}
 
-# a data-dependent check: a 0-d bool tensor that is True when the input is valid, and the error otherwise
-Check = tuple[Tensor, Exception]
+# a data-dependent check: a 0-d bool tensor that is True when the input is valid, and the error otherwise (or a
+# function that builds it, called only when the check fails: raise_failed)
+Check = tuple[Tensor, Exception | Callable[[], Exception]]
 
 
 def _functorch_levels(t: Tensor):
@@ -128,7 +130,9 @@ def raise_failed(checks: Sequence[Check]) -> None:
     Skipped under ``torch.compile`` and ``vmap`` (:func:`data_checks_traced`), where no value can be read.
 
     Args:
-        checks: ``(ok, error)`` pairs; ``ok`` is a 0-d bool tensor, True when the check passes.
+        checks: ``(ok, error)`` pairs; ``ok`` is a 0-d bool tensor, True when the check passes; ``error`` an
+            exception, or a function of no arguments that returns one (built only when the check fails, so that
+            its message may read the bad value: a second read on the failure path only).
 
     Raises:
         The ``error`` of the first pair whose ``ok`` is False.
@@ -141,7 +145,7 @@ def raise_failed(checks: Sequence[Check]) -> None:
         oks = torch.stack([ok.reshape(()).to(checks[0][0].device) for ok, _ in checks]).tolist()
     for ok, (_, error) in zip(oks, checks):
         if not ok:
-            raise error
+            raise error if isinstance(error, BaseException) else error()
 
 
 def check_scores_shape(scores: Tensor, name: str = "scores") -> int:
@@ -154,7 +158,8 @@ def check_scores_shape(scores: Tensor, name: str = "scores") -> int:
     if not isinstance(scores, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of shape (B, n), got {type(scores).__name__}")
     if scores.is_meta:
-        raise ValueError(f"{name} are on the meta device: they have a shape but no values to rank. Materialise "
+        are, they = ("are", "they have") if name.endswith("s") else ("is", "it has")
+        raise ValueError(f"{name} {are} on the meta device: {they} a shape but no values to rank. Materialise "
                          "them first (a model built under torch.device('meta') needs .to_empty(device=…) and its "
                          "weights loaded or initialised)")
     if scores.dim() != 2:
@@ -214,7 +219,7 @@ def check_k(k: int, n: int) -> int:
 
     Args:
         k: number of top ranks: an integer (``int``, an integer-like such as ``numpy.int64``, or a 0-dim integer
-            tensor; ``bool`` is rejected).
+            tensor; ``bool``, bool and complex tensors are rejected).
         n: number of items.
 
     Returns:
@@ -222,57 +227,119 @@ def check_k(k: int, n: int) -> int:
 
     Raises:
         TypeError: if ``k`` is not an integer.
-        ValueError: if ``k < 1`` or ``k > n``.
+        ValueError: if ``k < 1`` or ``k > n``, or a tensor ``k`` on the meta device.
     """
     if isinstance(k, bool) or not isinstance(k, (numbers.Integral, torch.SymInt)) and not (
-        isinstance(k, Tensor) and k.dim() == 0 and not k.is_floating_point()
+        isinstance(k, Tensor) and k.dim() == 0 and not k.is_floating_point() and not k.is_complex()
+        and k.dtype != torch.bool
     ):
         real = isinstance(k, numbers.Real) and not isinstance(k, bool)
         hint = " (real-valued k is LapSum's: method='lapsum')" if real else ""
         raise TypeError(f"k must be an integer, got {k!r}{hint}")
+    if isinstance(k, Tensor) and k.is_meta:
+        raise ValueError("k is on the meta device: it has no value; pass an int")
     k = int(k)
     if k < 1 or k > n:
         raise ValueError(f"k must satisfy 1 <= k <= n = {n}, got k = {k}")
     return k
 
 
-def check_beta(beta: float | Tensor, *, learnable: bool = False, owner: str = "this operator") -> float | Tensor:
-    """Validate an inverse temperature β > 0 (finite).
+def check_int(value: int, name: str, low: int = 1, what: str = "") -> int:
+    """An integer setting (an iteration count, a size) as an ``int``, refused rather than truncated (``int(2.7)``
+    would be 2, ``int("abc")`` an error that does not say which argument).
 
     Args:
-        beta: a number, or a 0-d / one-element floating tensor. A tensor that requires grad is a *learnable* β.
+        value: an ``int`` or an integer-like (``numpy.int64``); not a bool, a float or a string.
+        name: the argument's name, for the messages.
+        low: the least value accepted.
+        what: what the argument is, for the messages (e.g. ``"the number of values per set"``).
+
+    Returns:
+        ``value`` as a Python int.
+
+    Raises:
+        TypeError: not an integer. ValueError: below ``low``.
+    """
+    about = f" ({what})" if what else ""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer{about}, got {value!r}")
+    try:
+        out = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer{about}, got {value!r} of type {type(value).__name__}") from None
+    if out < low:
+        raise ValueError(f"{name} must be an integer >= {low}{about}, got {out}")
+    return out
+
+
+def check_beta(beta: float | Tensor, *, learnable: bool = False, owner: str = "this operator",
+               name: str = "beta") -> float | Tensor:
+    """Validate an inverse temperature β > 0 (finite).
+
+    A learnable β is best parametrised so that an optimiser step cannot leave (0, ∞), e.g.
+    ``beta = torch.nn.functional.softplus(raw)`` with ``raw`` the ``nn.Parameter`` (docs/api.md, "Learnable
+    temperature"): a tensor β is checked here at construction and again at every call of the operator
+    (:meth:`RankingOperator.beta_checks`, read with the scores' checks in their single host synchronisation), but
+    not under ``torch.compile`` or ``vmap``, where no value can be read (:func:`data_checks_traced`): a β that
+    has left (0, ∞) then gives undefined results without an error.
+
+    Args:
+        beta: a number (``int`` / ``float`` / a NumPy scalar or one-element array), or a one-element real tensor. A
+            tensor that requires grad is a *learnable* β.
         learnable: whether ``owner`` differentiates with respect to β (its class sets
             :attr:`RankingOperator.learnable_beta`).
         owner: who asks, for the messages (e.g. ``"LapSum"``).
+        name: the argument's name in the caller's API, for the messages (e.g. ``"steepness"`` for diffsort's).
 
     Returns:
         A Python float, or, for a learnable β where ``learnable`` is True, the tensor itself (0-d, unchanged and
         still in the caller's graph, so that ``beta.grad`` fills).
 
     Raises:
-        ValueError: β not a number, not finite or not positive (also ``operator.beta=abc`` on the command line);
-            a tensor β with more than one element; a β that requires grad where ``learnable`` is False (the
-            message says which operators can learn it).
+        ValueError: β not a number (a string, a bool, ``operator.beta=abc`` on the command line), not finite or not
+            positive; a tensor or array β with more than one element; a tensor β on the meta device (no value);
+            a β that requires grad where ``learnable`` is False (the message says which operators can learn it).
     """
+    what = f"{name} (inverse temperature)" if name == "beta" else name
+    if isinstance(beta, np.ndarray):
+        if beta.size != 1:
+            raise ValueError(f"{what} must be one number, got an array of shape {beta.shape}")
+        beta = beta.reshape(()).item()
     if isinstance(beta, Tensor):
         if beta.numel() != 1:
-            raise ValueError(f"beta (inverse temperature) must be one number, got shape {tuple(beta.shape)}")
+            raise ValueError(f"{what} must be one number, got a tensor of shape {tuple(beta.shape)}")
+        if beta.is_meta:
+            raise ValueError(f"{what} is on the meta device: it has a shape but no value. Pass a float, or a tensor "
+                             "with a value (a model built under torch.device('meta') needs .to_empty(device=…) and "
+                             "its parameters initialised)")
+        if beta.is_complex() or beta.dtype == torch.bool:
+            raise ValueError(f"{what} must be a real number, got a tensor of dtype {beta.dtype}")
         if beta.requires_grad:
             if not learnable:
                 raise ValueError(
-                    f"{owner} cannot learn beta: ∂/∂β is not defined for it. Pass a float (beta.item()), or use "
-                    "an operator whose learnable_beta is True (docs/api.md, 'Learnable temperature')")
-            check_beta(float(beta.detach()), owner=owner)  # one read, at construction
+                    f"{owner} cannot learn {name}: ∂/∂β is not defined for it. Pass a float ({name}.item()), or "
+                    "use an operator whose learnable_beta is True (docs/api.md, 'Learnable temperature')")
+            if not data_checks_traced(beta):  # one read, at construction (each call checks again: beta_checks)
+                check_beta(float(beta.detach()), owner=owner, name=name)
             # a 0-d tensor as is: an nn.Parameter stays one (the operator registers it; optimisers and .to() see it)
             return beta if beta.dim() == 0 else beta.reshape(())
         beta = float(beta)
-    try:
-        beta = float(beta)
-    except (TypeError, ValueError):
-        raise ValueError(f"beta (inverse temperature) must be a finite positive number, got {beta!r}") from None
+    if isinstance(beta, (bool, np.bool_)) or not isinstance(beta, numbers.Real):
+        # float("2") would read a string, float(True) a flag: neither is a temperature
+        raise ValueError(f"{what} must be a finite positive number, got {beta!r} of type {type(beta).__name__}")
+    beta = float(beta)
     if not math.isfinite(beta) or beta <= 0:
-        raise ValueError(f"beta (inverse temperature) must be a finite positive number, got {beta}")
+        raise ValueError(f"{what} must be a finite positive number, got {beta}")
     return beta
+
+
+def beta_error(beta: Tensor, owner: str) -> ValueError:
+    """The error of a learnable β that has left (0, ∞) since construction (an optimiser step took it through 0, or
+    to NaN / inf): names β, its value and the parametrisation that prevents it. Reads β (the failure path only)."""
+    return ValueError(f"beta (inverse temperature) of {owner} must be a finite positive number, got "
+                      f"{float(beta.detach())}: a learnable beta must stay in (0, inf), and an optimiser step can take "
+                      "it out. Parametrise it so that it cannot, e.g. beta = torch.nn.functional.softplus(raw) with "
+                      "raw the nn.Parameter (docs/api.md, 'Learnable temperature')")
 
 
 def beta_repr(beta: float | Tensor) -> str:
@@ -401,13 +468,15 @@ class RankingOperator(nn.Module):
             on a permutahedron / transport / CDF-sum constraint); False for a per-item threshold sigmoid
             (DFTopK), whose sum only tends to k in the hard limit. Default True.
         learnable_beta: True if β may be a tensor that requires grad (∂/∂β is given, by autograd or in closed
-            form); otherwise such a β raises at construction (:func:`check_beta`). Default False.
+            form; checked at construction and at every call, :meth:`beta_checks`); otherwise such a β raises at
+            construction (:func:`check_beta`). Default False.
         twice_differentiable: True if every capability passes ``gradgradcheck`` (exact second derivatives);
             False if some double backward raises :class:`DoubleBackwardError` (the message names the method and
             the alternative). Default True.
 
     Raises:
-        ValueError: on a non-positive or non-finite ``beta``.
+        ValueError: on a non-positive or non-finite ``beta`` (a tensor β: also at any later call where it has left
+            (0, ∞), e.g. after an optimiser step; :meth:`beta_checks`).
     """
 
     capabilities: frozenset[str] = ALL_CAPABILITIES
@@ -444,7 +513,7 @@ class RankingOperator(nn.Module):
         k = None if k is None else check_k(k, n)
         self._check_memory(PERMUTATION, "forward", scores, k)
         if scores.shape[0] == 0:
-            raise_failed(checks)
+            raise_failed([*checks, *self.beta_checks()])
             return self._empty(scores, n if k is None else k, n)
         x = self._compute_input(scores, checks)
         return _cast(guarded_call(self, self._permutation, x, k), scores.dtype)
@@ -469,7 +538,7 @@ class RankingOperator(nn.Module):
         self._check_memory(TOPK_MEMBERSHIP, "topk_membership", scores, ks)
         checks = [*own, *checks]
         if scores.shape[0] == 0:
-            raise_failed(checks)
+            raise_failed([*checks, *self.beta_checks()])
             return self._empty(scores, len(ks), n)
         # an operator whose hook tests the scores for NaN / inf itself skips that read when no other check is pending
         x = self._compute_input(scores, checks, finite=bool(checks) or not self._hook_checks_finite(TOPK_MEMBERSHIP,
@@ -513,7 +582,7 @@ class RankingOperator(nn.Module):
         """The template of the one-value-per-item methods (``soft_sort``, ``soft_rank``): ``(B, n)``."""
         n = self._check_call(capability, method, scores)
         if scores.shape[0] == 0:
-            raise_failed(checks)
+            raise_failed([*checks, *self.beta_checks()])
             return self._empty(scores, n)
         self._check_memory(capability, method, scores, None)
         return _cast(guarded_call(self, hook, self._compute_input(scores, checks)), scores.dtype)
@@ -595,10 +664,9 @@ class RankingOperator(nn.Module):
         runs (their reductions over an empty batch would raise)."""
         return scores.new_zeros((0, *shape)) + 0 * scores.sum()
 
-    @staticmethod
-    def _compute_input(scores: Tensor, checks: Sequence[Check] = (), finite: bool = True) -> Tensor:
-        """Read every data-dependent check (finite scores, and ``checks``) in one host synchronisation,
-        then the scores in their compute dtype (float16 / bfloat16 → float32).
+    def _compute_input(self, scores: Tensor, checks: Sequence[Check] = (), finite: bool = True) -> Tensor:
+        """Read every data-dependent check (finite scores, ``checks`` and a tensor β's :meth:`beta_checks`) in one
+        host synchronisation, then the scores in their compute dtype (float16 / bfloat16 → float32).
 
         Plain float32 / float64 CPU scores without other pending checks are tested through numpy instead of two
         tensor operations and a read (the same error, in about half the time, which counts at n <= 10³).
@@ -606,6 +674,8 @@ class RankingOperator(nn.Module):
         ``torch.compile`` and ``vmap`` nothing is read (:func:`data_checks_traced`)."""
         if data_checks_traced(scores):
             checks, finite = (), False  # no value can be read here (module docstring, "Tracing")
+        else:
+            checks = [*checks, *self.beta_checks()]
         if not finite:
             if checks:
                 raise_failed(checks)
@@ -615,6 +685,27 @@ class RankingOperator(nn.Module):
             raise non_finite_error()
         dtype = compute_dtype(scores.dtype)
         return scores if scores.dtype == dtype else scores.to(dtype)
+
+    def beta_checks(self) -> list[Check]:
+        """The per-call check of a tensor (learnable) β: finite and > 0, as a pending :data:`Check` that the
+        public methods read together with the scores' (no extra host synchronisation); ``[]`` for a float β,
+        which :func:`check_beta` validated at construction for good.
+
+        An optimiser step can take a learnable β through 0 (NeuralSort's ranks then leave [1, n], LapSum's and fast
+        soft sort's reverse the order) or to NaN; every call therefore raises ``ValueError`` naming β and its value
+        (:func:`beta_error`). Skipped, with the other data-dependent checks, under ``torch.compile`` and ``vmap``
+        (:func:`data_checks_traced`): the result of a bad β is undefined there. Parametrising β as
+        ``softplus(raw)`` keeps it positive everywhere (docs/api.md, "Learnable temperature").
+
+        Returns:
+            ``[(ok, error)]`` with ``ok`` a 0-d bool tensor on β's device, or ``[]``.
+        """
+        beta = getattr(self, "beta", None)  # a registered parametrisation computes it here
+        if not isinstance(beta, Tensor):
+            return []
+        b = beta.detach()
+        owner = type(self).__name__
+        return [((b > 0) & torch.isfinite(b), lambda: beta_error(b, owner))]
 
     def _hook_checks_finite(self, capability: str, scores: Tensor) -> bool:
         """Whether the hook of ``capability`` tests these scores for NaN / ±inf itself, in a pass over them that it

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from diffrank.operators.base import TOPK_MEMBERSHIP, RankingOperator
+from diffrank.operators.base import TOPK_MEMBERSHIP, RankingOperator, beta_repr
 
 
 class DFTopK(RankingOperator):
@@ -66,4 +66,4 @@ class DFTopK(RankingOperator):
         return torch.stack(outs, dim=1)
 
     def extra_repr(self) -> str:
-        return f"beta={self.beta}, detach_threshold={self.detach_threshold}"
+        return f"beta={beta_repr(self.beta)}, detach_threshold={self.detach_threshold}"

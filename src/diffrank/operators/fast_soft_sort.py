@@ -39,6 +39,9 @@ everywhere (on the CPU under ``TRITON_INTERPRET=1``).
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 from torch import Tensor
 
@@ -365,8 +368,18 @@ class FastSoftSort(RankingOperator):
         if regularization not in REGULARIZATIONS:
             raise ValueError(f"regularization must be one of {REGULARIZATIONS}, got {regularization!r}")
         self.regularization = regularization
-        self.regularization_strength = 1.0 / float(self.beta)
+        self._strength = None if isinstance(self.beta, Tensor) else 1.0 / self.beta
         self.backend = check_backend(backend)
+
+    @property
+    def regularization_strength(self) -> float:
+        """ε = 1/β, torchsort's ``regularization_strength`` (for a learnable β its current value, read from the
+        tensor without its graph)."""
+        return 1.0 / float(self.beta.detach()) if self._strength is None else self._strength
+
+    @regularization_strength.setter
+    def regularization_strength(self, value: float) -> None:
+        self._strength = float(value)
 
     @classmethod
     def with_strength(cls, regularization_strength: float, regularization: str = "l2",
@@ -374,10 +387,13 @@ class FastSoftSort(RankingOperator):
         """The operator for a given ε (torchsort's ``regularization_strength``) instead of β = 1/ε.
 
         Raises:
-            ValueError: ε <= 0 or an unknown regularization or backend.
+            ValueError: ε not a finite number > 0 (or so small that 1/ε overflows), an unknown regularization or
+                backend.
         """
-        if not regularization_strength > 0:
-            raise ValueError(f"regularization_strength must be > 0, got {regularization_strength}")
+        if not (isinstance(regularization_strength, numbers.Real) and math.isfinite(regularization_strength)
+                and regularization_strength > 0 and math.isfinite(1.0 / regularization_strength)):
+            raise ValueError(f"regularization_strength (ε = 1/β) must be a finite positive number, got "
+                             f"{regularization_strength!r}")
         op = cls(1.0 / regularization_strength, regularization, backend)
         op.regularization_strength = float(regularization_strength)  # exact, not 1 / (1 / ε)
         return op

@@ -38,7 +38,12 @@ def gumbel(shape: tuple[int, ...], like: Tensor, generator: torch.Generator | No
     Returns:
         ``shape`` tensor of ``like``'s dtype and device; every value finite (U is kept >= the dtype's smallest
         normal number, so g >= −log(−log tiny) ≈ −4.5 in float32, −6.6 in float64; U < 1 bounds it above).
+
+    Raises:
+        TypeError: ``generator`` not a :class:`torch.Generator` or None.
     """
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     u = torch.rand(shape, dtype=like.dtype, device=like.device, generator=generator)
     return -torch.log(-torch.log(u.clamp_min(torch.finfo(like.dtype).tiny)))
 

@@ -19,10 +19,13 @@ unless ``noise`` is set; ``samples`` > 1 adds a leading samples dimension).
 from __future__ import annotations
 
 import math
+import numbers
+import warnings
 
 import torch
 from torch import Tensor
 
+from diffrank.operators.base import data_checks_traced, raise_failed
 from diffrank.operators.gumbel import GumbelSampling, gumbel
 from diffrank.operators.log_sinkhorn import SinkhornSchedule, log_sinkhorn
 from diffrank.operators.sinkhorn import SinkhornSort
@@ -59,10 +62,7 @@ class GumbelSinkhorn(GumbelSampling, SinkhornSort):
                  max_iter: int = 2000, epsilon_start: float | None = 0.1, anneal: float = 0.95, check_every: int = 5,
                  backend: str = "auto") -> None:
         super().__init__(beta, tolerance, max_iter, epsilon_start, anneal, check_every, backend)
-        noise_scale = float(noise_scale)
-        if not (math.isfinite(noise_scale) and noise_scale >= 0):
-            raise ValueError(f"noise_scale must be a finite number >= 0, got {noise_scale}")
-        self.noise_scale = noise_scale
+        self.noise_scale = _check_noise_scale(noise_scale)
         self._init_sampling(noise, samples, generator)
 
     def _permutation(self, scores: Tensor, k: int | None) -> Tensor:
@@ -82,15 +82,56 @@ class GumbelSinkhorn(GumbelSampling, SinkhornSort):
         return f"{super().extra_repr()}, noise_scale={self.noise_scale}, {self._sampling_repr()}"
 
 
-def gumbel_sinkhorn(log_alpha: Tensor, tau: float = 1.0, *, noise_scale: float = 1.0, noise: bool = True,
+def _check_noise_scale(noise_scale: float) -> float:
+    """σ as a float.
+
+    Raises:
+        ValueError: not a number, not finite or negative.
+    """
+    if isinstance(noise_scale, bool) or not isinstance(noise_scale, numbers.Real) or not (
+            math.isfinite(noise_scale) and noise_scale >= 0):
+        raise ValueError(f"noise_scale must be a finite number >= 0, got {noise_scale!r}")
+    return float(noise_scale)
+
+
+def _check_tau(tau: float | Tensor) -> float | Tensor:
+    """τ validated under its name: a float, or the 0-d tensor of a tensor τ that requires grad (kept in the graph,
+    learnable as the operators' β; its value read once, not under ``torch.compile`` / ``vmap``).
+
+    Raises:
+        ValueError: not one real number, not finite or not > 0; a tensor τ on the meta device.
+    """
+    if isinstance(tau, Tensor):
+        if tau.numel() != 1 or tau.is_complex() or tau.dtype == torch.bool:
+            raise ValueError(f"tau must be one real number (a float or a one-element tensor), got a tensor of shape "
+                             f"{tuple(tau.shape)}, dtype {tau.dtype}")
+        if tau.is_meta:
+            raise ValueError("tau is on the meta device: it has a shape but no value; pass a float or a tensor with a "
+                             "value")
+        if tau.requires_grad:
+            tau = tau.reshape(())
+            if not data_checks_traced(tau):
+                _check_tau(float(tau.detach()))
+            return tau
+        tau = float(tau)
+    if isinstance(tau, bool) or not isinstance(tau, numbers.Real) or not (math.isfinite(tau) and tau > 0):
+        raise ValueError(f"tau (the temperature) must be a finite number > 0, got {tau!r}")
+    return float(tau)
+
+
+def gumbel_sinkhorn(log_alpha: Tensor, tau: float | Tensor = 1.0, *, noise_scale: float = 1.0, noise: bool = True,
                     samples: int = 1, generator: torch.Generator | None = None,
                     schedule: SinkhornSchedule | None = None) -> Tensor:
     """The Gumbel-Sinkhorn operator S((log α + σ·g)/τ) of a log-kernel (Mena et al. 2018, §3): the doubly stochastic
     matrix closest, in the entropic sense, to exp((log α + σ·g)/τ), by log-domain Sinkhorn.
 
     Args:
-        log_alpha: ``(B, n, n)`` float32 / float64 log-kernel (e.g. a network's n × n logits), finite.
-        tau: temperature τ > 0 (ε of the entropic OT whose cost is −log α).
+        log_alpha: ``(B, n, n)`` float32 / float64 log-kernel (e.g. a network's n × n logits): finite, or −inf for
+            a forbidden (masked) entry; NaN and +inf raise (one host read, skipped under ``torch.compile`` /
+            ``vmap``).
+        tau: temperature τ > 0 (ε of the entropic OT whose cost is −log α): a number, or a one-element tensor; one
+            that requires grad (e.g. an ``nn.Parameter``) stays in the graph and ``tau.grad`` fills (autograd through
+            the iterations at τ, as SinkhornSort's learnable β).
         noise_scale: σ >= 0 (Mena et al.'s ``noise_factor``).
         noise: draw the noise (False: the Sinkhorn operator S(log α / τ) itself).
         samples: S >= 1 perturbations per matrix.
@@ -101,20 +142,37 @@ def gumbel_sinkhorn(log_alpha: Tensor, tau: float = 1.0, *, noise_scale: float =
 
     Returns:
         ``(B, n, n)``, or ``(S, B, n, n)`` for S > 1, same layout as ``log_alpha``: rows sum to 1 exactly (the last
-        normalisation), columns within the schedule's tolerance.
+        normalisation), columns within the schedule's tolerance (a ``RuntimeWarning`` says when they are not).
 
     Raises:
-        ValueError: ``log_alpha`` not 3-D square, a non-positive τ, a negative σ, ``samples`` < 1.
-        TypeError: ``log_alpha`` not a floating tensor.
+        ValueError: ``log_alpha`` not 3-D square, on the meta device, or holding NaN / +inf; τ not a finite number
+            > 0; a negative or non-finite σ; ``samples`` < 1.
+        TypeError: ``log_alpha`` not a floating tensor; ``generator`` not a :class:`torch.Generator` or None;
+            ``schedule`` not a :class:`~diffrank.operators.log_sinkhorn.SinkhornSchedule` or None.
+
+    Warns:
+        RuntimeWarning: the column sums are still further than the schedule's tolerance from 1 after its
+            ``max_iter`` iterations (a small τ needs more: raise ``max_iter`` in ``schedule``, or τ).
     """
     if not isinstance(log_alpha, Tensor) or not log_alpha.is_floating_point():
-        raise TypeError("log_alpha must be a floating-point torch.Tensor")
+        raise TypeError("log_alpha must be a floating-point torch.Tensor, got "
+                        + (f"dtype {log_alpha.dtype}" if isinstance(log_alpha, Tensor) else type(log_alpha).__name__))
     if log_alpha.dim() != 3 or log_alpha.shape[1] != log_alpha.shape[2]:
         raise ValueError(f"log_alpha must have shape (B, n, n), got {tuple(log_alpha.shape)}")
-    if not (math.isfinite(tau) and tau > 0) or not (math.isfinite(noise_scale) and noise_scale >= 0):
-        raise ValueError(f"tau must be > 0 and noise_scale >= 0 (finite), got {tau}, {noise_scale}")
+    if log_alpha.is_meta:
+        raise ValueError("log_alpha is on the meta device: it has a shape but no values to normalise")
+    epsilon = _check_tau(tau)
+    noise_scale = _check_noise_scale(noise_scale)
+    if schedule is not None and not isinstance(schedule, SinkhornSchedule):
+        raise TypeError(f"schedule must be a SinkhornSchedule or None, got {type(schedule).__name__} (e.g. "
+                        "SinkhornSchedule(max_iter=500, tolerance=1e-3, epsilon_start=None))")
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples must be an integer >= 1, got {samples!r}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    # −inf is a mask (a forbidden assignment, weight 0); NaN and +inf have no meaning and would turn every entry NaN
+    raise_failed([(~(log_alpha.isnan() | (log_alpha == math.inf)).any(),
+                   ValueError("log_alpha contains NaN or +inf (−inf, a masked entry, is allowed)"))])
     B, n, _ = log_alpha.shape
     x = log_alpha.unsqueeze(0).expand(samples, B, n, n)
     if noise and noise_scale > 0:
@@ -126,6 +184,12 @@ def gumbel_sinkhorn(log_alpha: Tensor, tau: float = 1.0, *, noise_scale: float =
     # cost rows = log_alpha's columns, so that the last (target-side) update normalises log_alpha's rows
     log_w = cost.new_full((1, n), -math.log(n))
     schedule = schedule or SinkhornSchedule(max_iter=200, tolerance=1e-3, check_every=5, epsilon_start=None)
-    log_t, _, _ = log_sinkhorn(cost.transpose(1, 2), log_w, log_w, float(tau), schedule)
+    log_t, iterations, err = log_sinkhorn(cost.transpose(1, 2), log_w, log_w, epsilon, schedule)
+    if schedule.tolerance is not None and not err < schedule.tolerance:  # also NaN
+        value = float(epsilon.detach()) if isinstance(epsilon, Tensor) else epsilon
+        warnings.warn(f"gumbel_sinkhorn did not converge: column-sum error {err:.2e} > tolerance "
+                      f"{schedule.tolerance:g} after {iterations} iterations (tau={value:g}, n={n}); columns of the "
+                      "result may not sum to 1: raise max_iter (schedule=SinkhornSchedule(max_iter=...)) or tau",
+                      RuntimeWarning, stacklevel=2)
     p = (log_t + math.log(n)).exp().transpose(1, 2)
     return p.unflatten(0, (samples, B)) if samples > 1 else p

@@ -57,7 +57,7 @@ import torch
 from torch import Tensor
 
 from diffrank.operators.backend import check_backend, use_triton
-from diffrank.operators.base import TOPK_MEMBERSHIP, Check, RankingOperator, raise_failed
+from diffrank.operators.base import TOPK_MEMBERSHIP, Check, RankingOperator, beta_repr, raise_failed
 
 _NUMBA_DTYPES = (torch.float32, torch.float64)
 _DENSE_MAX_TARGETS = 32  # below this many thresholds per row, the (B, M, n) dense VJP is cheaper than the sweep
@@ -506,7 +506,7 @@ class LapSum(RankingOperator):
 
     def extra_repr(self) -> str:
         """β and the backend."""
-        return f"beta={self.beta}, backend={self.backend!r}"
+        return f"beta={beta_repr(self.beta)}, backend={self.backend!r}"
 
     def _scaled(self, s: Tensor) -> tuple[Tensor, float]:
         """``(s, β)``, or ``(β s, 1)`` for a tensor β (kept in the caller's graph: ∂/∂β by the chain rule)."""
@@ -586,13 +586,16 @@ class LapSum(RankingOperator):
 
         Raises:
             TypeError: a k that is not real.
-            ValueError: an empty ks, a tensor of another shape, or (with the scores' finiteness, one host
-                synchronisation) a k outside (0, n].
+            ValueError: an empty ks, a tensor of another shape or on the meta device, or (with the scores'
+                finiteness, one host synchronisation) a k outside (0, n].
         """
         if isinstance(ks, Tensor):
             out_of_range = ValueError(f"k must satisfy 0 < k <= n = {n}")
             if ks.dtype == torch.bool or ks.is_complex():
                 raise TypeError(f"k must be a real tensor, got dtype {ks.dtype}")
+            if ks.is_meta:
+                raise ValueError("k is on the meta device: it has a shape but no values; pass numbers or a tensor "
+                                 "with values")
             if ks.dim() > 2 or ks.dim() == 2 and ks.shape[0] != scores.shape[0] or ks.numel() == 0:
                 raise ValueError(f"k must be a tensor of shape (), (M,) or (B, M) = ({scores.shape[0]}, M), "
                                  f"got shape {tuple(ks.shape)}")

@@ -48,13 +48,14 @@ path's. It is differentiable once: a double backward raises
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 from torch._C import _functorch
 
-from diffrank.operators.base import fold_vmapped, host_max, refuse_double_backward
+from diffrank.operators.base import check_int, fold_vmapped, host_max, refuse_double_backward
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,8 @@ class SinkhornSchedule:
         anneal: factor per iteration of the ε-scaling, in (0, 1).
 
     Raises:
-        ValueError: for a setting outside its range.
+        ValueError: for a setting outside its range, or a real setting that is not a number.
+        TypeError: ``max_iter`` or ``check_every`` not an integer (2.5 is refused, not truncated).
     """
 
     max_iter: int = 2000
@@ -79,19 +81,21 @@ class SinkhornSchedule:
     anneal: float = 0.9
 
     def __post_init__(self) -> None:
-        if int(self.max_iter) < 1 or int(self.check_every) < 1:
-            raise ValueError(f"max_iter and check_every must be >= 1, got {self.max_iter}, {self.check_every}")
+        for name in ("max_iter", "check_every"):  # integers, never truncated (2.5 is not 2)
+            object.__setattr__(self, name, check_int(getattr(self, name), name))
+        for name in ("tolerance", "epsilon_start", "anneal"):
+            value = getattr(self, name)
+            if value is None and name != "anneal":
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ValueError(f"{name} must be a number, got {value!r} of type {type(value).__name__}")
+            object.__setattr__(self, name, float(value))
         if self.tolerance is not None and not self.tolerance > 0:
             raise ValueError(f"tolerance must be > 0 or None, got {self.tolerance}")
         if self.epsilon_start is not None and not (math.isfinite(self.epsilon_start) and self.epsilon_start > 0):
             raise ValueError(f"epsilon_start must be a finite positive number or None, got {self.epsilon_start}")
         if not 0 < self.anneal < 1:
             raise ValueError(f"anneal must be in (0, 1), got {self.anneal}")
-        for name, cast in (("max_iter", int), ("check_every", int), ("anneal", float)):
-            object.__setattr__(self, name, cast(getattr(self, name)))
-        for name in ("tolerance", "epsilon_start"):
-            if getattr(self, name) is not None:
-                object.__setattr__(self, name, float(getattr(self, name)))
 
 
 def _epsilon_schedule(cost: Tensor, epsilon: float, schedule: SinkhornSchedule,

@@ -48,7 +48,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from diffrank.operators.base import Check, RankingOperator, check_scores_shape
+from diffrank.operators.base import Check, RankingOperator, beta_repr, check_scores_shape
 from diffrank.operators.sigmoids import check_art_lambda, check_sigmoid, swap_weight
 from diffrank.operators.sorting_network import HARD_BETA
 
@@ -178,5 +178,5 @@ class RelaxedBubbleSort(RankingOperator):
         return self._run(x, want_p=False)[0].flip(1)
 
     def extra_repr(self) -> str:
-        return (f"beta={self.beta}, sigmoid={self.sigmoid!r}, art_lambda={self.art_lambda}, "
+        return (f"beta={beta_repr(self.beta)}, sigmoid={self.sigmoid!r}, art_lambda={self.art_lambda}, "
                 f"early_exit={self.early_exit}")

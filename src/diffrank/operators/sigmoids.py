@@ -36,6 +36,7 @@ dtype (the peers do this for float16 only; bfloat16's 8-bit mantissa is worse).
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 
 import torch
@@ -100,7 +101,12 @@ def check_sigmoid(name: str) -> str:
 
 
 def check_art_lambda(art_lambda: float) -> float:
-    """Validate the ART exponent λ ∈ [0, 1] (thesis Eq. 3.13). Raises ``ValueError`` otherwise."""
+    """Validate the ART exponent λ ∈ [0, 1] (thesis Eq. 3.13). Raises ``ValueError`` otherwise (also for a value
+    that is not a number, e.g. a string)."""
+    if isinstance(art_lambda, bool) or not isinstance(art_lambda, numbers.Real):
+        raise ValueError(
+            f"art_lambda must be a number in [0, 1], got {art_lambda!r} of type {type(art_lambda).__name__}"
+        )
     art_lambda = float(art_lambda)
     if not 0.0 <= art_lambda <= 1.0:
         raise ValueError(f"art_lambda must lie in [0, 1], got {art_lambda}")

@@ -64,7 +64,8 @@ from torch import Tensor
 
 from diffrank.operators._vmap import fold_vmap
 from diffrank.operators.backend import check_backend, guarded_call, use_triton
-from diffrank.operators.base import TOPK_MEMBERSHIP, RankingOperator, check_k, constant
+from diffrank.operators.base import PERMUTATION, TOPK_MEMBERSHIP, RankingOperator, beta_repr, check_k, constant
+from diffrank.operators.memory import DENSE_BUFFERS, DenseMemoryError
 from diffrank.operators.networks import Network, build
 from diffrank.operators.sigmoids import check_art_lambda, check_sigmoid, swap_slope, swap_weight
 
@@ -311,6 +312,17 @@ class _Net(torch.autograd.Function):
                 g_diff = g_slope * sign + gx * w
                 gx = gx - g_diff + g_diff.index_select(1, partner)
         return (gx, *none)
+
+
+def _saved_per_set(net: Network) -> int:
+    """The values per set that :class:`_Net`'s forward keeps for every layer, the differences Δ and the weights w
+    (a strided layer's of its c comparators, 2c; another's of every wire, 2n): a lower bound of its memory, cached
+    on the network (an odd-even network of n wires has n layers, so this is about n² at once)."""
+    out = net._cache.get("saved_per_set")
+    if out is None:
+        out = net._cache["saved_per_set"] = sum(2 * layer.size if layer.block is not None else 2 * net.n
+                                                for layer in net.layers)
+    return out
 
 
 def differentiable_vjp(net: Network, x: Tensor, beta: float | Tensor, sigmoid: str, art_lambda: float, mode: str,
@@ -580,11 +592,41 @@ class ComparatorNetwork(RankingOperator):
         return self._rows(x, max(ks), w_out)
 
     def _dense_rows(self, capability: str, n: int, k: int | Sequence[int] | None) -> int | None:
-        """The top-k forms ``max(ks)`` rows of P (bidirectional evaluation, :meth:`_topk_membership`); the soft sort
-        and soft rank carry values or one row (:meth:`~diffrank.operators.base.RankingOperator._dense_rows`)."""
+        """The rows m of the ``(B, m, n)`` buffers a call holds at once (for :meth:`_check_memory`): the top-k forms
+        ``max(ks)`` rows of P (bidirectional evaluation, :meth:`_topk_membership`), a permutation its n or k rows;
+        and every call keeps each layer's differences and weights for the backward pass (:class:`_Net`), O(L·n)
+        values per set, as many rows as that holds: about n / 3 for the odd-even network (L = n layers), a few for
+        the bitonic one (L = O(log² n)). The larger of the two, or None when both are zero."""
+        return max(self._rows_and_depth(capability, n, k)) or None
+
+    def _rows_and_depth(self, capability: str, n: int, k: int | Sequence[int] | None) -> tuple[int, int]:
+        """(rows of P the call forms, rows' worth of the layers' saved values) of :meth:`_dense_rows`."""
         if capability == TOPK_MEMBERSHIP:
-            return max(k)
-        return super()._dense_rows(capability, n, k)
+            rows, net_k = max(k), max(k)
+        else:
+            rows, net_k = super()._dense_rows(capability, n, k) or 0, k if capability == PERMUTATION else None
+        return rows, _saved_per_set(build(self.network, n, net_k)) // (DENSE_BUFFERS * n)
+
+    def _check_memory(self, capability: str, method: str, scores: Tensor, k: int | Sequence[int] | None) -> None:
+        """:meth:`~diffrank.operators.base.RankingOperator._check_memory`, with the network's depth in the message
+        when its layers are what does not fit (the odd-even network has n layers).
+
+        Raises:
+            DenseMemoryError: the buffers do not fit (:mod:`diffrank.operators.memory`).
+        """
+        try:
+            super()._check_memory(capability, method, scores, k)
+        except DenseMemoryError as e:
+            n = scores.shape[1]
+            rows, depth = self._rows_and_depth(capability, n, k)
+            if depth <= rows:
+                raise
+            layers = build(self.network, n, max(k) if capability == TOPK_MEMBERSHIP else None).num_layers
+            hint = (f". The rows are the network's depth: {type(self).__name__}(network={self.network!r}) keeps two "
+                    f"(B, <= n) tensors per layer for the backward pass, and that network has {layers} layers at "
+                    f"n = {n}" + (f" (network='bitonic' has {build('bitonic', n).num_layers})"
+                                  if self.network == "odd_even" else ""))
+            raise DenseMemoryError(str(e) + hint) from None
 
     def _soft_sort(self, x: Tensor) -> Tensor:
         """The network's output wires (= P @ s), without forming P: O(L·B·n)."""
@@ -598,7 +640,7 @@ class ComparatorNetwork(RankingOperator):
         return self._rows(x, None, torch.arange(1, x.shape[1] + 1, device=x.device).unsqueeze(0)).squeeze(1)
 
     def extra_repr(self) -> str:
-        return (f"beta={self.beta}, sigmoid={self.sigmoid!r}, art_lambda={self.art_lambda}, "
+        return (f"beta={beta_repr(self.beta)}, sigmoid={self.sigmoid!r}, art_lambda={self.art_lambda}, "
                 f"network={self.network!r}, backend={self.backend!r}"
                 + (", twice_differentiable=True" if self.plain_autograd else "")
                 + (f", error_free={self.error_free!r}" if self.error_free else ""))

@@ -43,6 +43,7 @@ in x). Both are exactly sparse: items below a soft margin get an exact 0, items 
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 
 import numba
@@ -52,7 +53,16 @@ from torch import Tensor
 
 from diffrank.operators._vmap import fold_vmap
 from diffrank.operators.backend import check_backend, use_triton
-from diffrank.operators.base import TOPK_MEMBERSHIP, RankingOperator, beta_repr, refuse_double_backward
+from diffrank.operators.base import (
+    TOPK_MEMBERSHIP,
+    RankingOperator,
+    beta_repr,
+    check_beta,
+    check_int,
+    check_k,
+    check_scores_shape,
+    refuse_double_backward,
+)
 
 SOLVERS = ("pav", "dykstra")
 # |βx| above this is refused for p = 4/3: the block moments hold (βx)^3 summed over up to 1e6+ items
@@ -481,12 +491,17 @@ def sparse_soft_topk_mask(x: Tensor, k: int, beta: float = 10.0, p: float = 4 / 
         outside the soft margin (PAV).
 
     Raises:
-        ValueError: p not 2 or 4/3, Dykstra with p = 4/3, or βx beyond the range the solve can hold (float64
-            overflow; |βx| > 1e75 for p = 4/3, whose blocks hold cubes); an unknown backend.
+        ValueError: p not 2 or 4/3, Dykstra with p = 4/3, k outside [1, n], a float β not finite and > 0, or βx
+            beyond the range the solve can hold (float64 overflow; |βx| > 1e75 for p = 4/3, whose blocks hold
+            cubes); an unknown backend.
+        TypeError: k not an integer.
         RuntimeError: ``backend="triton"`` on a CPU tensor without ``TRITON_INTERPRET=1``.
     """
     p = _check_p(p)
     check_backend(backend)
+    k = check_k(k, x.shape[-1])
+    if not isinstance(beta, Tensor):  # a tensor β is the operator's, checked at each of its calls
+        beta = check_beta(beta)
     z = x * beta
     if solver == "dykstra":
         if p != 2.0:
@@ -591,15 +606,17 @@ def sparse_soft_topk_magnitude(x: Tensor, k: int, beta: float = 10.0, p: float =
         ``(B, n)`` float64, the sign of x, |out| ≤ |x|.
 
     Raises:
-        ValueError: p not 2 or 4/3, k outside [1, n], β|x| beyond the range the solve holds, or an unknown backend.
+        ValueError: p not 2 or 4/3, k outside [1, n], β not a finite number > 0 (or a tensor that requires grad: no
+            ∂/∂β here), ``x`` not 2-D or on the meta device, β|x| beyond the range the solve holds, or an unknown
+            backend.
+        TypeError: ``x`` not a floating tensor, k not an integer.
         RuntimeError: ``backend="triton"`` on a CPU tensor without ``TRITON_INTERPRET=1``.
     """
     p = _check_p(p)
     check_backend(backend)
-    n = x.shape[-1]
-    if isinstance(k, bool) or not 1 <= int(k) <= n:
-        raise ValueError(f"k must satisfy 1 <= k <= n = {n}, got k = {k}")
-    lam = 1.0 / float(beta)
+    n = check_scores_shape(x, "x")
+    k = check_k(k, n)
+    lam = 1.0 / check_beta(beta, owner="sparse_soft_topk_magnitude")  # a float: ∂/∂β is not given here
     z = x.double().abs() / lam
     # y = r^{q-1} + λ r with r = (s - v)/λ is already in score units; autograd chains |x|/λ and the sign
     return torch.sign(x.detach()).double() * _PAVMagnitude.apply(z, int(k), p != 2.0, lam, use_triton(backend, x))[0]
@@ -641,11 +658,10 @@ class SparseSoftTopK(RankingOperator):
             raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
         if solver == "dykstra" and self.p != 2.0:
             raise ValueError("solver='dykstra' solves the p = 2 problem only; use solver='pav' for p = 4/3")
-        if int(max_iter) < 1:
-            raise ValueError(f"max_iter must be >= 1, got {max_iter}")
-        if not float(tolerance) > 0:
-            raise ValueError(f"tolerance must be > 0, got {tolerance}")
-        self.solver, self.max_iter, self.tolerance = solver, int(max_iter), float(tolerance)
+        max_iter = check_int(max_iter, "max_iter")
+        if isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real) or not tolerance > 0:
+            raise ValueError(f"tolerance must be a number > 0, got {tolerance!r}")
+        self.solver, self.max_iter, self.tolerance = solver, max_iter, float(tolerance)
         self.backend = check_backend(backend)
 
     def _topk_membership(self, x: Tensor, ks: list[int]) -> Tensor:
