@@ -118,3 +118,42 @@ def test_under_a_ulimit_the_call_is_refused_not_killed():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert "REFUSED NeuralSort.soft_rank" in out.stdout, out.stdout + out.stderr[-2000:]
     assert "memory left on cpu" in out.stdout and "fast_soft_sort, lapsum" in out.stdout
+
+
+def _cgroup_files(folder, **values):
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, value in values.items():
+        (folder / name.replace("_", ".", 1)).write_text(f"{value}\n")
+
+
+def test_the_cgroup_limit_is_that_of_the_process_cgroup_and_its_parents(tmp_path):
+    """A process in a cgroup-v1 memory cgroup below the root (``echo $$ > /sys/fs/cgroup/memory/t/cgroup.procs``
+    with a 2 GiB limit there) was not protected: the root's limit (none) was read. The path /proc/self/cgroup gives
+    is followed, and the least limit minus usage over that cgroup and its parents counts (v1 and v2; a hybrid
+    system's v2 tree under unified/; a container whose mount root is its own cgroup)."""
+    GiB, none = 2**30, 9223372036854771712  # v1's "no limit"
+    proc = tmp_path / "cgroup"
+    v1 = tmp_path / "v1"
+    proc.write_text("9:name=systemd:/\n4:memory:/t/job\n1:cpu:/\n0::/\n")
+    _cgroup_files(v1 / "memory", memory_limit_in_bytes=none, memory_usage_in_bytes=30 * GiB)
+    _cgroup_files(v1 / "memory" / "t", memory_limit_in_bytes=2 * GiB, memory_usage_in_bytes=GiB // 2)
+    _cgroup_files(v1 / "memory" / "t" / "job", memory_limit_in_bytes=none, memory_usage_in_bytes=GiB // 4)
+    assert memory._cgroup_left(proc, v1) == 2 * GiB - GiB // 2  # the parent's limit caps the process
+    _cgroup_files(v1 / "memory" / "t" / "job", memory_limit_in_bytes=GiB, memory_usage_in_bytes=GiB // 4)
+    assert memory._cgroup_left(proc, v1) == GiB - GiB // 4  # the process's own, smaller, limit
+    proc.write_text("4:memory:/docker/abc/t\n")  # inside a container: the mount's root is the container's cgroup
+    _cgroup_files(v1 / "memory", memory_limit_in_bytes=3 * GiB, memory_usage_in_bytes=GiB)
+    assert memory._cgroup_left(proc, v1) == 2 * GiB
+    v2 = tmp_path / "v2"
+    _cgroup_files(v2, cgroup_controllers="memory")
+    _cgroup_files(v2 / "user.slice", memory_max=4 * GiB, memory_current=GiB)
+    _cgroup_files(v2 / "user.slice" / "run", memory_max="max", memory_current=GiB)
+    proc.write_text("0::/user.slice/run\n")
+    assert memory._cgroup_left(proc, v2) == 3 * GiB
+    hybrid = tmp_path / "hybrid"
+    _cgroup_files(hybrid / "unified" / "user.slice", memory_max=GiB, memory_current=0)
+    _cgroup_files(hybrid / "memory")
+    assert memory._cgroup_left(proc, hybrid) == GiB
+    proc.write_text("0::/\n4:memory:/\n")  # no limit anywhere
+    assert memory._cgroup_left(proc, tmp_path / "empty") is None
+    assert memory._cgroup_left(tmp_path / "missing", v1) is None

@@ -10,8 +10,9 @@ killer with no message (``F.soft_rank(torch.randn(1, 30000), method="neuralsort"
 **The limit.** ``DIFFRANK_MAX_DENSE_BYTES`` (bytes, optionally with a binary suffix ``K``, ``M``, ``G``, ``T``,
 e.g. ``8G`` or ``512MiB``; ``inf`` turns the check off) when set; otherwise the memory the device has left:
 
-- CPU: the least of ``MemAvailable`` (``/proc/meminfo``), the cgroup's limit minus its usage (cgroup v2
-  ``memory.max`` − ``memory.current``, v1 ``memory.limit_in_bytes`` − ``memory.usage_in_bytes``) and the address
+- CPU: the least of ``MemAvailable`` (``/proc/meminfo``), the memory cgroup's limit minus its usage (cgroup v2
+  ``memory.max`` − ``memory.current``, v1 ``memory.limit_in_bytes`` − ``memory.usage_in_bytes``; of the process's
+  own cgroup, the path ``/proc/self/cgroup`` gives, and of every cgroup above it: the least) and the address
   space left under ``ulimit -v`` (``RLIMIT_AS`` − ``VmSize``); none readable (not Linux): no check;
 - CUDA: ``torch.cuda.mem_get_info``'s free bytes plus what PyTorch's caching allocator holds unused;
 - other devices: no check.
@@ -83,25 +84,56 @@ def _read_int(path: Path) -> int | None:
     return int(text) if text.isdigit() else None  # "max" (no cgroup limit) and unreadable values: none
 
 
-def _cgroup_left() -> int | None:
-    """The calling process's cgroup limit minus its usage (v2, else v1), or None without a limit."""
+PROC_CGROUP = Path("/proc/self/cgroup")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+_V1_NO_LIMIT = 2**60  # cgroup v1 writes ~2^63 (rounded to a page) for "no limit"
+
+
+def _cgroup_chain(root: Path, rel: str) -> list[Path]:
+    """The folders of the cgroup ``rel`` (the path ``/proc/self/cgroup`` gives) under the hierarchy mounted at
+    ``root``, from the process's own cgroup up to ``root``; only those that exist (inside a container the mount's
+    root may be the container's own cgroup, so the deeper folders of ``rel`` are not there)."""
+    parts = [p for p in rel.strip().split("/") if p and p != "."]
+    chain = [root.joinpath(*parts[:i]) for i in range(len(parts), -1, -1)]
+    return [c for c in chain if c.is_dir()]
+
+
+def _cgroup_left(proc_cgroup: Path = PROC_CGROUP, root: Path = CGROUP_ROOT) -> int | None:
+    """The least memory limit minus usage (bytes) over the calling process's memory cgroup and its ancestors
+    (a limit on a parent caps its children), cgroup v2 and v1 alike, or None without a limit.
+
+    cgroup v2 (the line ``0::<path>``): ``memory.max`` − ``memory.current`` of ``<root>/<path>`` and each folder
+    above it (``<root>/unified`` on a hybrid system); cgroup v1 (the line naming the ``memory`` controller):
+    ``memory.limit_in_bytes`` − ``memory.usage_in_bytes`` under ``<root>/memory`` likewise. ``"max"`` (v2) and
+    ~2^63 (v1) mean no limit at that level.
+
+    Args:
+        proc_cgroup: the file listing the process's cgroups (``/proc/self/cgroup``; a test passes a fake one).
+        root: where the cgroup hierarchies are mounted (``/sys/fs/cgroup``).
+    """
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        lines = proc_cgroup.read_text().splitlines()
     except OSError:
         return None
+    left: list[int] = []
     for line in lines:
-        _, controllers, rel = line.split(":", 2)
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        _, controllers, rel = fields
         if controllers == "":  # cgroup v2: "0::/path"
-            folder = Path("/sys/fs/cgroup") / rel.lstrip("/")
-            limit, used = _read_int(folder / "memory.max"), _read_int(folder / "memory.current")
-            if limit is not None and used is not None:
-                return limit - used
+            mount = root if (root / "cgroup.controllers").is_file() or not (root / "unified").is_dir() \
+                else root / "unified"
+            names, no_limit = ("memory.max", "memory.current"), None
         elif "memory" in controllers.split(","):
-            folder = Path("/sys/fs/cgroup/memory")
-            limit, used = _read_int(folder / "memory.limit_in_bytes"), _read_int(folder / "memory.usage_in_bytes")
-            if limit is not None and used is not None and limit < 2**60:  # v1 writes ~2^63 for "no limit"
-                return limit - used
-    return None
+            mount, names, no_limit = root / "memory", ("memory.limit_in_bytes", "memory.usage_in_bytes"), _V1_NO_LIMIT
+        else:
+            continue
+        for folder in _cgroup_chain(mount, rel):
+            limit, used = _read_int(folder / names[0]), _read_int(folder / names[1])
+            if limit is not None and used is not None and (no_limit is None or limit < no_limit):
+                left.append(limit - used)
+    return min(left) if left else None
 
 
 def _address_space_left() -> int | None:

@@ -28,28 +28,34 @@ class DivergenceGuard(L.Callback):
     - the training loss exceeds ``explode`` times the largest ``|loss|`` of the first ``warmup`` steps (at least 1:
       a loss that starts near 0 is not called exploding for reaching 1; the first step's loss is that of the
       initial weights: a learning rate of 1e6 has blown the loss up by the second step);
-    - a validation's ``monitor`` (an accuracy, ``val/top1``) is at most ``chance_margin`` × chance (1 / the
-      model's or the data's ``num_classes``) after an earlier validation was at least halfway from chance to 1
-      (a run trained for top-5 whose top-1 wanders near chance is not called diverged).
+    - a validation's ``monitor`` (an accuracy, ``val/top1``) fell back to chance (1 / the model's or the data's
+      ``num_classes``) after an earlier validation was at least halfway from chance to 1 (a run trained for top-5
+      whose top-1 wanders near chance is not called diverged). "Back to chance" is measured against the distance
+      the run had gained: ``value - chance <= chance_margin * (best - chance)``, i.e. the run lost at least
+      ``1 - chance_margin`` (90 %) of its gain over chance. A margin in units of chance would not do: for two
+      classes 1.5 × chance is 0.75, and a binary classifier dipping from 0.80 to 0.74 would be called diverged
+      (a final status); with the relative margin it is called diverged at 0.53 or below (ten classes after 0.9:
+      at 0.18 or below).
 
     Args:
         explode: the factor of the loss (units: the loss's own) over its first steps that counts as exploding.
         warmup: steps whose loss sets the scale.
         monitor: the validation accuracy checked against chance; runs without it, or without ``num_classes``,
             skip that check.
-        chance_margin: how close to chance counts as chance.
+        chance_margin: the fraction of its best gain over chance (``best - chance``) that a run may keep and still
+            count as back at chance (0 < chance_margin < 1).
         device_every: on an accelerator, the loss is read every this many steps (reading it waits for the
             device; a NaN or exploded loss stays so, and is caught a few steps later); on the CPU every step.
 
     Raises:
-        ValueError: ``explode <= 1``, ``warmup < 1``, ``chance_margin < 1`` or ``device_every < 1``.
+        ValueError: ``explode <= 1``, ``warmup < 1``, ``chance_margin`` outside (0, 1) or ``device_every < 1``.
     """
 
     def __init__(self, explode: float = 1e4, warmup: int = 1, monitor: str = "val/top1",
-                 chance_margin: float = 1.5, device_every: int = 20) -> None:
-        if explode <= 1 or warmup < 1 or chance_margin < 1 or device_every < 1:
-            raise ValueError(f"need explode > 1, warmup >= 1, chance_margin >= 1, device_every >= 1; got {explode}, "
-                             f"{warmup}, {chance_margin}, {device_every}")
+                 chance_margin: float = 0.1, device_every: int = 20) -> None:
+        if not (explode > 1 and warmup >= 1 and 0 < chance_margin < 1 and device_every >= 1):
+            raise ValueError(f"need explode > 1, warmup >= 1, 0 < chance_margin < 1 (a fraction of the gain over "
+                             f"chance), device_every >= 1; got {explode}, {warmup}, {chance_margin}, {device_every}")
         self.device_every = int(device_every)
         self.explode, self.warmup, self.monitor, self.chance_margin = float(explode), int(warmup), monitor, \
             float(chance_margin)
@@ -98,9 +104,10 @@ class DivergenceGuard(L.Callback):
         reason = None
         if value is not None and isinstance(classes, int) and classes > 1:
             value, chance = float(value), 1.0 / classes
-            if self.best is not None and self.best >= (1 + chance) / 2 and value <= self.chance_margin * chance:
+            if self.best is not None and self.best >= (1 + chance) / 2 \
+                    and value - chance <= self.chance_margin * (self.best - chance):
                 reason = (f"{self.monitor} fell to {value:.4f} (chance: {chance:.4f}) at epoch {trainer.current_epoch}"
-                          f" after reaching {self.best:.4f}")
+                          f" after reaching {self.best:.4f}: within {self.chance_margin:g} of its gain over chance")
             self.best = value if self.best is None else max(self.best, value)
         if trainer.world_size > 1 or reason is not None:
             self._stop(trainer, reason)

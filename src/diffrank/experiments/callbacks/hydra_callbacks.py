@@ -15,7 +15,7 @@ single run never starts in another run's folder (:class:`RunFolderGuard`).
 
 Hydra calls ``on_multirun_end`` only when every job succeeded (a failed job makes the sweeper raise at the end):
 from the first failed job on, ``on_job_end`` writes the summary after every job instead (the failed jobs listed
-with their errors). A job stopped by SIGTERM / SIGINT
+with their errors). A job stopped by SIGTERM / SIGINT / SIGHUP
 (:class:`~diffrank.experiments.records.folder.RunInterrupted`) ends the process there, after the summary, with exit
 status 128 + the signal (a single run too). ``python -m diffrank.experiments.analysis.sweep_summary SWEEP_DIR``
 writes the same files at any time.
@@ -50,33 +50,96 @@ def optuna_finished_trials(storage: str, study_name: str) -> int:
 
 
 class RunFolderGuard(Callback):
-    """Refuse a single run into a folder that a live run holds or that holds another run's results, before Hydra
-    writes its ``.hydra/`` files there (the training runner refuses it too, but only after Hydra has replaced the
-    other run's ``.hydra/config.yaml`` and ``overrides.yaml``): the checks of
-    :func:`~diffrank.experiments.records.folder.refuse_other_run`. A SLURM requeue (``SLURM_RESTART_COUNT`` > 0)
-    resumes its own folder and passes.
+    """Refuse a single run into a folder that a live run holds, that holds another run's results, or that this
+    process cannot write, before Hydra writes its ``.hydra/`` files there (the training runner refuses it too, but
+    only after Hydra has replaced the other run's ``.hydra/config.yaml`` and ``overrides.yaml``): the checks of
+    :func:`~diffrank.experiments.records.folder.refuse_other_run` and
+    :func:`~diffrank.experiments.records.folder.check_writable`. A SLURM requeue
+    (``SLURM_RESTART_COUNT`` > 0) resumes its own folder and passes, and so does a DDP worker process of the run
+    (``LOCAL_RANK`` / ``NODE_RANK`` > 0: Lightning starts it with the run's own ``hydra.run.dir``).
+
+    The folder's lock taken for the check is kept and handed to the training runner
+    (:meth:`~diffrank.experiments.records.folder.FolderLock.hand_over`), which holds it to the end of the run: a
+    second run started while this one is between the check and its first step is refused by the check, instead of
+    passing it and replacing this run's ``.hydra/`` files. :meth:`on_run_end` drops it if the runner never took it.
+
+    A single run that fails for a reason a traceback does not help with (a full disk, an unwritable or taken
+    folder, a refused ``ckpt_path``) ends with its message alone (:meth:`on_job_end`, :func:`one_line_error`).
 
     Raises:
-        SystemExit: (``on_run_start``) the folder is another run's (the message says whose and what to do). Not
+        SystemExit: (``on_run_start``) the folder is another run's, or not writable (the message says whose or
+            which and what to do); (``on_job_end``) a single run failed as above. Not
             :class:`~diffrank.experiments.records.folder.FolderTaken` itself: Hydra turns an ``Exception`` raised by
             a callback into a warning and goes on.
     """
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """Check ``hydra.run.dir`` before the run writes there."""
+        """Check ``hydra.run.dir`` before the run writes there, and keep its lock for the run."""
         import os
 
-        from diffrank.experiments.records.folder import FolderBusy, FolderLock, FolderTaken, refuse_other_run
+        from diffrank.experiments.records.folder import (
+            FolderBusy,
+            FolderLock,
+            FolderNotWritable,
+            FolderTaken,
+            refuse_other_run,
+        )
 
         if int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0:
             return
+        if os.environ.get("LOCAL_RANK", "0") != "0" or os.environ.get("NODE_RANK", "0") != "0":
+            return  # a DDP worker started by the run itself (same hydra.run.dir): the main process holds the lock
         folder = Path(str(config.hydra.run.dir))
+        lock = FolderLock.handed_over(folder)  # this process checked it already (and holds it)
         try:
-            with FolderLock(folder):  # FolderBusy names the live run's process
-                refuse_other_run(folder, config.get("ckpt_path"), None)
-        except (FolderBusy, FolderTaken) as e:
+            if lock is None:
+                lock = FolderLock(folder).acquire()  # FolderBusy names the live run's process
+            refuse_other_run(folder, config.get("ckpt_path"), None)
+        except (FolderBusy, FolderTaken, FolderNotWritable) as e:
+            if lock is not None:
+                lock.release()
             log.error("%s", e)
             raise SystemExit(f"refused: {e}") from None
+        lock.hand_over()  # the runner holds it from here to the end of the run
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """Drop the folder's lock if the runner never took it over (it releases what it takes)."""
+        from diffrank.experiments.records.folder import FolderLock
+
+        lock = FolderLock.take_over(Path(str(config.hydra.run.dir)))
+        if lock is not None:
+            lock.release()
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        """A single run that failed with a full disk, a folder it may not write or a refused ``ckpt_path`` ends the
+        process with the error's message (status 1) instead of Hydra's traceback; other failures, and multirun
+        jobs, are left to Hydra."""
+        from hydra.core.utils import JobStatus
+        from hydra.types import RunMode
+
+        hydra_cfg = config.get("hydra") or {}
+        if hydra_cfg.get("mode") == RunMode.MULTIRUN or getattr(job_return, "status", None) != JobStatus.FAILED:
+            return
+        message = one_line_error(getattr(job_return, "_return_value", None))
+        if message:  # the runner logged it (a full disk with the resume command)
+            raise SystemExit(f"error: {message}")
+
+
+def one_line_error(error: BaseException | None) -> str | None:
+    """The message of a failure that a traceback does not help with: a full disk (ENOSPC anywhere in ``error``'s
+    chain of causes, with the file being written when known), a run folder that is taken, busy or not writable, or
+    a refused command-line value (``ckpt_path``: missing, a folder, unreadable, another run's settings; marked
+    :data:`~diffrank.experiments.callbacks.run_identity.REFUSED_KEY`); None for any other error (a traceback helps
+    there)."""
+    from diffrank.experiments.callbacks.run_identity import REFUSED_KEY
+    from diffrank.experiments.records.folder import FolderBusy, FolderNotWritable, FolderTaken
+    from diffrank.experiments.records.record import describe_no_space
+
+    if error is None:
+        return None
+    if isinstance(error, (FolderBusy, FolderTaken, FolderNotWritable)) or getattr(error, REFUSED_KEY, None):
+        return str(error)
+    return describe_no_space(error)
 
 
 def swept_keys(config: DictConfig) -> list[str]:
@@ -140,16 +203,23 @@ class SweepSummary(Callback):
             raise SystemExit(interrupted.exit_code)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """Create the sweep folder; name the swept keys for the job folders
+        """Create the sweep folder (one line and exit status 1 when it cannot be created or written); name the
+        swept keys for the job folders
         (:func:`~diffrank.experiments.run.resolvers.job_dir_name`); shorten a resumed Optuna search to the trials
         it still lacks."""
         import os
 
+        from diffrank.experiments.records.folder import FolderNotWritable, check_writable
         from diffrank.experiments.run.process import SMOKE_ENV, SMOKE_OPTUNA_TRIALS, smoke_budget
         from diffrank.experiments.run.resolvers import SWEPT_KEYS_ENV
 
         sweep_dir = Path(str(config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            sweep_dir.mkdir(parents=True, exist_ok=True)
+            check_writable(sweep_dir, "hydra.sweep.dir")
+        except OSError as e:  # Hydra would turn it into a warning, then fail creating the first job's folder
+            error = e if isinstance(e, FolderNotWritable) else FolderNotWritable(sweep_dir, e, "hydra.sweep.dir")
+            raise SystemExit(f"refused: {error}") from None
         # an environment variable reaches the jobs of every launcher (in process, joblib, submitit, SLURM)
         os.environ[SWEPT_KEYS_ENV] = ",".join(swept_keys(config))
         sweeper = config.hydra.get("sweeper") or {}
@@ -226,4 +296,4 @@ def log_sweep_to_wandb(config: DictConfig, summary: dict[str, Any]) -> None:
         run.finish()
 
 
-__all__ = ["RunFolderGuard", "SweepSummary", "log_sweep_to_wandb", "optuna_finished_trials"]
+__all__ = ["RunFolderGuard", "SweepSummary", "log_sweep_to_wandb", "one_line_error", "optuna_finished_trials"]

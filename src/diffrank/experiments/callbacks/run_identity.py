@@ -56,28 +56,65 @@ def resolved_config_hash(cfg: DictConfig) -> str:
     return config_hash({str(k): _container(cfg.get(k)) for k in cfg if k not in NOT_THE_CONFIG})
 
 
+#: the attribute that marks an error as the refusal of a command-line value (set to the key, e.g. ``ckpt_path``):
+#: its message names the value and what to give instead, so a single run reports it in one line, not a traceback
+#: (:func:`~diffrank.experiments.callbacks.hydra_callbacks.one_line_error`)
+REFUSED_KEY = "diffrank_refused_key"
+
+
+def _refused(error: Exception, key: str = "ckpt_path") -> Exception:
+    setattr(error, REFUSED_KEY, key)
+    return error
+
+
+def _checkpoint_file(path: str | Path) -> Path:
+    """``path`` when it names an existing, readable file; the checks of ``ckpt_path`` that need no loading."""
+    if not str(path).strip():
+        raise _refused(ValueError("ckpt_path is empty: give a checkpoint file (<run>/checkpoints/last.ckpt), or "
+                                  "leave ckpt_path out (null) to start a new run"))
+    path = Path(path)
+    if path.is_dir():
+        from diffrank.experiments.records.folder import resume_checkpoint
+
+        inside = resume_checkpoint(path) or (path / "last.ckpt" if (path / "last.ckpt").is_file() else None)
+        give = f"ckpt_path={inside}" if inside is not None else "a <run>/checkpoints/*.ckpt file"
+        raise _refused(IsADirectoryError(f"ckpt_path={path} is a folder, not a checkpoint file: give {give}"))
+    if not path.is_file():
+        raise _refused(FileNotFoundError(f"ckpt_path={path}: no such checkpoint file"))
+    try:
+        with open(path, "rb"):
+            pass
+    except PermissionError as e:
+        raise _refused(PermissionError(e.errno, f"ckpt_path={path} cannot be read ({e.strerror})")) from None
+    return path
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """The contents of checkpoint ``path`` (memory-mapped: tensors are read when used).
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: the file is not a readable checkpoint (truncated, corrupted, or not a ``torch.save`` of a
-            Lightning checkpoint dict); the message names the file and the cause.
+        IsADirectoryError: ``path`` is a folder (the message names the checkpoint in it to give, when there is one).
+        PermissionError: the file cannot be read.
+        ValueError: an empty ``path`` (``ckpt_path=``), or a file that is not a readable checkpoint (truncated,
+            corrupted, or not a ``torch.save`` of a Lightning checkpoint dict); the message names the file and the
+            cause.
+
+    Each is marked as the refusal of ``ckpt_path`` (:data:`REFUSED_KEY`).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"ckpt_path={path}: no such checkpoint file")
+    path = _checkpoint_file(path)
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     except Exception as e:  # noqa: BLE001 - torch raises RuntimeError, UnpicklingError, EOFError, UnicodeDecodeError…
-        raise ValueError(f"ckpt_path={path} is not a readable checkpoint ({path.stat().st_size} bytes; "
-                         f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}): a file cut short "
-                         f"by a full disk or a copy, damaged, or not a checkpoint; give another one (the run "
-                         f"folder's checkpoints/ holds last.ckpt and the best epoch_*.ckpt)") from None
+        raise _refused(ValueError(
+            f"ckpt_path={path} is not a readable checkpoint ({path.stat().st_size} bytes; {type(e).__name__}: "
+            f"{str(e).splitlines()[0][:200] if str(e) else ''}): a file cut short by a full disk or a copy, damaged, "
+            f"or not a checkpoint; give another one (the run folder's checkpoints/ holds last.ckpt and the best "
+            f"epoch_*.ckpt)")) from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-        raise ValueError(f"ckpt_path={path} is not a Lightning checkpoint (a {type(ckpt).__name__}"
-                         f"{' without state_dict' if isinstance(ckpt, dict) else ''}): give a "
-                         f"<run>/checkpoints/*.ckpt file")
+        raise _refused(ValueError(f"ckpt_path={path} is not a Lightning checkpoint (a {type(ckpt).__name__}"
+                                  f"{' without state_dict' if isinstance(ckpt, dict) else ''}): give a "
+                                  f"<run>/checkpoints/*.ckpt file"))
     return ckpt
 
 
@@ -104,9 +141,9 @@ def check_segment(saved: dict[str, Any] | None, segment: dict[str, Any], path: s
     diff = [f"{k}: {last.get(k)!r} → {segment.get(k)!r}" for k in BUDGET_SETTINGS
             if last.get(k) is not None and segment.get(k) is not None and last.get(k) != segment.get(k)]
     if diff and not allow_changes:
-        raise ValueError(f"ckpt_path={path} was trained with other settings that change the budget: "
-                         f"{'; '.join(diff)}. Resume with the checkpoint's settings, or pass "
-                         f"+resume_with_changes=true (each segment's budget is recorded in results.json)")
+        raise _refused(ValueError(f"ckpt_path={path} was trained with other settings that change the budget: "
+                                  f"{'; '.join(diff)}. Resume with the checkpoint's settings, or pass "
+                                  f"+resume_with_changes=true (each segment's budget is recorded in results.json)"))
     if diff:
         log.warning("+resume_with_changes=true: resuming %s with %s", path, "; ".join(diff))
     return diff
@@ -181,10 +218,10 @@ def check_checkpoint(path: str | Path, identity: dict[str, Any], *, evaluation: 
     what = "evaluated" if evaluation else "resumed"
     listing = "\n  ".join(diff[:30]) + ("" if len(diff) <= 30 else f"\n  … {len(diff) - 30} more")
     if not allow_changes:
-        raise ValueError(f"ckpt_path={path} was trained with other choices than this run; it would be {what} as if "
-                         f"they were the same:\n  {listing}\nRepeat the checkpoint's choices (its run folder's "
-                         f".hydra/overrides.yaml), or pass +resume_with_changes=true to go on anyway (recorded in "
-                         f"results.json)")
+        raise _refused(ValueError(f"ckpt_path={path} was trained with other choices than this run; it would be "
+                                  f"{what} as if they were the same:\n  {listing}\nRepeat the checkpoint's choices "
+                                  f"(its run folder's .hydra/overrides.yaml), or pass +resume_with_changes=true to go "
+                                  f"on anyway (recorded in results.json)"))
     log.warning("+resume_with_changes=true: %s %s with other choices:\n  %s", what, path, listing)
     return diff
 

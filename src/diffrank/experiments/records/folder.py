@@ -9,14 +9,20 @@ and its checkpoints (:data:`LAST_CHECKPOINT`, written by ``configs/callbacks/def
 A run holds its folder's lock (:class:`FolderLock`, ``<folder>/.run.lock``) while it writes there: a second run
 into a live folder is refused (:class:`FolderBusy`), and :func:`folder_state` calls such a folder ``live``; a new run
 into a folder that holds another run's record or checkpoints is refused too (:func:`refuse_other_run`) unless it
-resumes that run.
+resumes that run. A single run takes the lock before Hydra writes its ``.hydra/`` files (the Hydra callback
+:class:`~diffrank.experiments.callbacks.hydra_callbacks.RunFolderGuard`) and hands that same lock to the training
+runner (:meth:`FolderLock.hand_over`, :meth:`FolderLock.take_over`), which holds it to the end of the run: no
+moment in between when a second run could pass. A folder the run cannot write is refused up front
+(:class:`FolderNotWritable`).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import socket
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,11 +48,45 @@ class FolderTaken(FileExistsError):
     """A run folder holds another run's record or checkpoints (:func:`refuse_other_run`)."""
 
 
+class FolderNotWritable(PermissionError):
+    """A run folder (or a file a run writes in it) that this process cannot create or write: read-only, another
+    user's, on a read-only or full file system, or below a path that is not a folder (:func:`check_writable`,
+    :meth:`FolderLock.acquire`). The message is one line naming the folder, the reason and the way on; ``errno`` is
+    the original error's (EACCES, EPERM, EROFS, ENOENT, ENOTDIR, ENOSPC, …).
+
+    Args:
+        path: the folder.
+        error: the error met creating or writing it.
+        flag: the override that chooses the folder, named in the message (``hydra.sweep.dir`` for a sweep's).
+    """
+
+    def __init__(self, path: str | Path, error: OSError, flag: str = "hydra.run.dir") -> None:
+        folder = Path(path)
+        why = "a file, not a folder" if error.errno == errno.EEXIST else error.strerror or type(error).__name__
+        where = f" ({error.filename})" if error.filename and str(error.filename) != str(folder) else ""
+        read_only = error.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+        chmod = f"make it writable (chmod -R u+w {folder}), or " if read_only and error.errno != errno.EROFS else ""
+        if read_only and flag == "hydra.run.dir":
+            fix = (f"{chmod}copy it and resume the copy (ckpt_path=<copy>/{LAST_CHECKPOINT} hydra.run.dir=<copy>), "
+                   f"or give a new run another folder (hydra.run.dir=…)")
+        else:
+            fix = f"{chmod}give this run another folder ({flag}=…)"
+        super().__init__(f"{folder} {'is not writable' if read_only else 'cannot be created or written'} "
+                         f"({why}{where}): a run writes its lock, log, checkpoints and results.json there; {fix}")
+        self.errno = error.errno
+
+
+#: errors of creating or writing a run folder that a change of folder or permissions fixes, not of the config
+_NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR, errno.EEXIST, errno.EISDIR,
+                 errno.ENAMETOOLONG, errno.ELOOP, errno.ENOSPC, errno.EDQUOT)
+
+
 class RunInterrupted(Exception):
-    """A run stopped by a signal (SIGTERM: ``kill``, ``timeout``, a scheduler's preemption; SIGINT: Ctrl-C) after
-    its record (``status: interrupted``, with the resume command) was written. The training runner raises it, the
-    multirun summary (:class:`diffrank.experiments.callbacks.hydra_callbacks.SweepSummary`) lists the job, and the
-    process exits with :attr:`exit_code` (128 + the signal number, as a shell reports a death by that signal).
+    """A run stopped by a signal (SIGTERM: ``kill``, ``timeout``, a scheduler's preemption; SIGINT: Ctrl-C; SIGHUP: a
+    closed terminal or ssh connection) after its record (``status: interrupted``, with the resume command) was
+    written. The training runner raises it, the multirun summary
+    (:class:`diffrank.experiments.callbacks.hydra_callbacks.SweepSummary`) lists the job, and the process exits with
+    :attr:`exit_code` (128 + the signal number, as a shell reports a death by that signal).
 
     Args:
         signum: the signal's number.
@@ -59,7 +99,7 @@ class RunInterrupted(Exception):
 
     @property
     def exit_code(self) -> int:
-        """128 + the signal number (130 for SIGINT, 143 for SIGTERM)."""
+        """128 + the signal number (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP)."""
         return 128 + self.signum
 
 
@@ -74,16 +114,30 @@ class FolderLock:
 
     Raises:
         FolderBusy: (:meth:`acquire`) another process holds the lock.
+        FolderNotWritable: (:meth:`acquire`) the folder cannot be created or written.
     """
+
+    _handed: dict[Path, FolderLock] = {}  # noqa: RUF012 - folder (resolved) -> the lock handed to the runner
 
     def __init__(self, folder: str | Path, run_id: str | None = None) -> None:
         self.folder, self.run_id = Path(folder), run_id
         self._file: IO[str] | None = None
 
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the lock now."""
+        return self._file is not None
+
     def acquire(self) -> FolderLock:
-        """Take the lock, or raise :class:`FolderBusy` naming the holder."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        f = open(self.folder / LOCK_FILE, "a+")  # noqa: SIM115 - held open as long as the lock
+        """Take the lock, or raise :class:`FolderBusy` naming the holder, or :class:`FolderNotWritable` when the
+        folder (or a file a run writes there) cannot be written (:func:`check_writable`)."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            f = open(self.folder / LOCK_FILE, "a+")  # noqa: SIM115 - held open as long as the lock
+        except OSError as e:
+            if e.errno in _NOT_WRITABLE:
+                raise FolderNotWritable(self.folder, e) from None
+            raise
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -99,20 +153,85 @@ class FolderLock:
         f.write(f"host {socket.gethostname()} pid {os.getpid()}{run}\n")
         f.flush()
         self._file = f
+        try:
+            check_writable(self.folder)
+        except FolderNotWritable:
+            self.release()
+            raise
         return self
 
     def release(self) -> None:
-        """Drop the lock (the file stays: removing it would race with a run taking it)."""
+        """Drop the lock (the file stays: removing it would race with a run taking it); a no-op when not held."""
         if self._file is not None:
+            if FolderLock._handed.get(self._key()) is self:
+                del FolderLock._handed[self._key()]
             fcntl.flock(self._file, fcntl.LOCK_UN)
             self._file.close()
             self._file = None
+
+    def _key(self) -> Path:
+        return self.folder.resolve()
+
+    def hand_over(self) -> FolderLock:
+        """Keep holding the lock (it must be held) for the run that will write the folder in this process: the one
+        :meth:`take_over` of the same folder gets this object. Hydra's guard takes the lock before Hydra writes
+        ``.hydra/`` and hands it to the training runner, so the folder is never unlocked in between.
+
+        Raises:
+            RuntimeError: the lock is not held.
+        """
+        if not self.held:
+            raise RuntimeError(f"hand_over of a lock not held: {self.folder}")
+        FolderLock._handed[self._key()] = self
+        return self
+
+    @staticmethod
+    def handed_over(folder: str | Path) -> FolderLock | None:
+        """The lock of ``folder`` handed over in this process and not taken yet (:meth:`hand_over`), else None."""
+        return FolderLock._handed.get(Path(folder).resolve())
+
+    @staticmethod
+    def take_over(folder: str | Path) -> FolderLock | None:
+        """The lock of ``folder`` that this process took and handed over (:meth:`hand_over`), now the caller's to
+        release; None when there is none (then the caller takes its own)."""
+        lock = FolderLock._handed.pop(Path(folder).resolve(), None)
+        return lock if lock is not None and lock.held else None
 
     def __enter__(self) -> FolderLock:
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def check_writable(folder: str | Path, flag: str = "hydra.run.dir") -> None:
+    """Check that a run can write ``folder``: create (and remove) a file in it, in its ``.hydra/`` and
+    ``checkpoints/`` subfolders when they exist, and open for appending the files there that a resumed run
+    rewrites or appends to (``.hydra/*.yaml``, the ``*.log`` files). A read-only copy of a finished run would
+    otherwise fail half-way: a ``PermissionError`` in a callback, then ``Unable to configure handler 'file'``.
+
+    Args:
+        folder: the run (or sweep) folder.
+        flag: the override that chooses it, for the message.
+
+    Raises:
+        FolderNotWritable: (a ``PermissionError``) one of them cannot be written (the message names the folder).
+    """
+    folder = Path(folder)
+    dirs = [d for d in (folder, folder / ".hydra", folder / LAST_CHECKPOINT.parent) if d.is_dir()]
+    files = [f for f in (*folder.glob("*.log"), *(folder / ".hydra").glob("*.yaml")) if f.is_file()]
+    try:
+        for d in dirs:
+            fd, probe = tempfile.mkstemp(prefix=".write_probe.", dir=d)
+            os.close(fd)
+            os.unlink(probe)
+        for f in files:
+            with open(f, "a"):
+                pass
+    except OSError as e:
+        if e.errno in _NOT_WRITABLE:
+            raise FolderNotWritable(folder, e, flag) from None
+        raise
 
 
 def is_live(folder: str | Path) -> bool:
@@ -136,9 +255,10 @@ class FolderState:
     ``action``: ``"live"`` (a run holds the folder's lock now: start nothing there), ``"done"`` (a finished
     record: skip the job), ``"resume"`` (an interrupted run left a checkpoint) or ``"new"``. ``record``: the
     folder's complete record (None when there is none, or it is torn). ``checkpoint``:
-    the checkpoint to resume from (``<folder>/checkpoints/last.ckpt``), None when there is none or when Lightning's
-    SLURM requeue checkpoint (``hpc_ckpt_*.ckpt``, newer) is there, which Lightning resumes from itself when
-    ``ckpt_path`` is None; kept for a done folder too (a SLURM requeue of a finished job continues from it).
+    the checkpoint to resume from (:func:`resume_checkpoint`: ``<folder>/checkpoints/last.ckpt``, else the newest
+    complete checkpoint there), None when there is none or when Lightning's SLURM requeue checkpoint
+    (``hpc_ckpt_*.ckpt``, newer) is there, which Lightning resumes from itself when ``ckpt_path`` is None; kept for
+    a done folder too (a SLURM requeue of a finished job continues from it).
     """
 
     action: str
@@ -154,7 +274,8 @@ def folder_state(folder: str | Path, overrides: Iterable[str] | None = None,
     (:meth:`RunRecord.read`) with a final status (:data:`FINAL`: ``done``, or ``diverged``) and, when given, the
     same task ``overrides`` (in any order, ``ckpt_path=`` left out: the job is this one) and ``metric`` among its
     metrics (the run measured what selects it); else it resumes when an interrupted run left a checkpoint
-    (``last.ckpt`` or a SLURM requeue checkpoint); else it is new.
+    (:func:`resume_checkpoint`: ``last.ckpt``, else the newest complete one; or a SLURM requeue checkpoint); else it
+    is new.
 
     Args:
         folder: the job's run folder.
@@ -167,8 +288,7 @@ def folder_state(folder: str | Path, overrides: Iterable[str] | None = None,
     folder = Path(folder)
     record = RunRecord.read(folder / RECORD_FILE)
     slurm = any(folder.glob(SLURM_CHECKPOINTS))
-    last = folder / LAST_CHECKPOINT
-    checkpoint = last if last.is_file() and not slurm else None
+    checkpoint = resume_checkpoint(folder) if not slurm else None
     if is_live(folder):
         return FolderState("live", record, checkpoint)
     done = (record is not None and record.status in FINAL
@@ -177,6 +297,25 @@ def folder_state(folder: str | Path, overrides: Iterable[str] | None = None,
     if done:
         return FolderState("done", record, checkpoint)
     return FolderState("resume" if checkpoint is not None or slurm else "new", record, checkpoint)
+
+
+def resume_checkpoint(folder: str | Path) -> Path | None:
+    """The checkpoint an interrupted run in ``folder`` resumes from: ``checkpoints/last.ckpt``, or, when there is
+    none (a run stopped while its first ``last.ckpt`` was being written: only the temporary ``.last.ckpt.*.tmp`` was
+    there, and it is removed), the newest complete checkpoint in ``checkpoints/`` (by modification time; every
+    ``*.ckpt`` there was renamed into place whole, temporary files start with a dot). None when there is none."""
+    folder = Path(folder)
+    last = folder / LAST_CHECKPOINT
+    if last.is_file():
+        return last
+    found = []
+    for p in (folder / LAST_CHECKPOINT.parent).glob("*.ckpt"):
+        try:
+            if not p.name.startswith(".") and p.is_file():
+                found.append((p.stat().st_mtime_ns, p.name, p))
+        except OSError:  # removed while listing (a top-k checkpoint replaced)
+            continue
+    return max(found)[2] if found else None
 
 
 def job_overrides(overrides: Iterable[str]) -> list[str]:
@@ -214,8 +353,8 @@ def refuse_other_run(folder: str | Path, ckpt_path: str | Path | None, run_id: s
         return
     what = f"run {record.run_id or '(no id)'} (status {record.status})" if record is not None \
         else f"the checkpoints of another run ({', '.join(checkpoints[:3])})"
-    last = folder / LAST_CHECKPOINT
-    resume = f"resume it with ckpt_path={last}, or " if last.is_file() else ""
+    last = resume_checkpoint(folder)
+    resume = f"resume it with ckpt_path={last}, or " if last is not None else ""
     raise FolderTaken(f"{folder} holds {what}: a new run there would overwrite its results.json and mix its "
                           f"checkpoints with this one's; {resume}give this run its own folder (hydra.run.dir=…)")
 

@@ -144,7 +144,8 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
     Folders are created. Returns the path.
 
     Raises:
-        OSError: the folder cannot be created or written.
+        OSError: the folder cannot be created or written; a full disk as errno ENOSPC naming ``path`` (the bare
+            error of the write names no file).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -155,6 +156,10 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
         else:
             tmp.write_text(data, encoding="utf-8")
         os.replace(tmp, path)
+    except OSError as e:
+        if e.errno == errno.ENOSPC:  # name the file (the write's own error names none, or the temporary one)
+            raise OSError(errno.ENOSPC, "No space left on device (ENOSPC)", str(path)) from e
+        raise
     finally:
         tmp.unlink(missing_ok=True)  # only left when the write or the rename failed
     return path
@@ -201,6 +206,20 @@ def no_space_error(error: BaseException) -> OSError | None:
             return e
         e = e.__cause__ or e.__context__
     return None
+
+
+def describe_no_space(error: BaseException) -> str | None:
+    """One line for a full disk (:func:`no_space_error` of ``error``): ``"no space left on device (ENOSPC) writing
+    <file>: free disk space, then resume; <type>: <message>"`` (the file when known; the error's own text left out
+    when it only repeats that, as :func:`write_atomic`'s does); None when ``error`` is not one."""
+    full = no_space_error(error)
+    if full is None:
+        return None
+    where = f" writing {full.filename}" if full.filename else ""
+    head = f"no space left on device (ENOSPC){where}: free disk space, then resume"
+    if error is full and full.filename and (full.strerror or "").lower().startswith("no space left on device ("):
+        return head  # the error says nothing more
+    return f"{head}; {type(error).__name__}: {error}"
 
 
 def code_version(sha: str | None, dirty: bool | None) -> str:

@@ -12,10 +12,15 @@ of the ``world_size`` processes gets ``batch_size / world_size`` (``results.json
 ``per_device_batch``, ``global_batch`` and the ``optimizer_steps`` taken).
 
 Every run has an id (kept by a resume of it) and a config hash, written into its checkpoints and its record; it
-holds its folder's lock while it runs, and a new run into a folder holding another run is refused
-(:mod:`diffrank.experiments.records.folder`). SIGTERM / SIGINT stop a run with ``status: interrupted`` and the
-resume command in its record and a non-zero exit status (128 + the signal); a run stopped by the divergence guard
-(:class:`~diffrank.experiments.callbacks.DivergenceGuard`) is recorded as ``diverged``.
+holds its folder's lock while it runs (a single run: the lock Hydra's
+:class:`~diffrank.experiments.callbacks.hydra_callbacks.RunFolderGuard` took before Hydra wrote ``.hydra/``, held
+to the end of the run), and a new run into a folder holding another run is refused
+(:mod:`diffrank.experiments.records.folder`). SIGTERM / SIGINT / SIGHUP (a closed terminal or ssh connection) stop a
+run with ``status: interrupted`` and the resume command in its record and a non-zero exit status (128 + the
+signal: 143, 130, 129); a second signal while the run stops is reported and ignored, so that the record is
+written. A run stopped by the divergence guard (:class:`~diffrank.experiments.callbacks.DivergenceGuard`) is
+recorded as ``diverged``. A full disk names the file and ENOSPC, and the log files on that disk are closed
+(no cascade of logging errors).
 """
 
 from __future__ import annotations
@@ -24,11 +29,12 @@ import logging
 import os
 import shlex
 import signal
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -44,18 +50,20 @@ from diffrank.experiments.callbacks.run_identity import (
     resolved_config_hash,
 )
 from diffrank.experiments.records.folder import (
-    LAST_CHECKPOINT,
     FolderBusy,
     FolderLock,
+    FolderNotWritable,
     FolderTaken,
     RunInterrupted,
     folder_state,
     refuse_other_run,
+    resume_checkpoint,
 )
 from diffrank.experiments.records.record import (
     RECORD_FILE,
     RunRecord,
     compute_environment,
+    describe_no_space,
     device_description,
     git_state,
     no_space_error,
@@ -229,7 +237,7 @@ def make_record(built: Built, done: dict[str, Any], metrics: dict[str, float], w
     )
 
 
-def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
+def train(cfg: DictConfig, lock: FolderLock | None = None) -> tuple[dict[str, float], dict[str, Any]]:
     """Run one experiment described by ``cfg``: :func:`build`, :func:`run_fit`, :func:`make_record` (written as
     ``<paths.output_dir>/results.json`` by the main process).
 
@@ -241,6 +249,8 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
 
     Args:
         cfg: the composed ``configs/train.yaml`` (needs ``HydraConfig`` set when it uses ``${hydra:…}``).
+        lock: the lock of ``paths.output_dir``, already held by the caller (:func:`run`), who releases it; None:
+            ``train`` takes the folder's lock itself and releases it when it returns.
 
     Returns:
         ``(metrics, objects)``: the final metrics (``test/*``, ``val/*``, ``train/*`` as floats) and the
@@ -252,6 +262,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
             differ (:func:`run_fit`).
         FolderBusy: a live run holds ``paths.output_dir`` (its lock).
         FolderTaken: ``paths.output_dir`` holds another run that this one does not resume.
+        FolderNotWritable: ``paths.output_dir`` cannot be written (a ``PermissionError``).
     """
     t0 = time.time()
     info = _hydra_info()
@@ -266,10 +277,10 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
                  os.environ.get("SLURM_RESTART_COUNT", "0"))
         with open_dict(cfg):
             cfg.ckpt_path = resume
-    out = cfg.paths.get("output_dir") if cfg.get("paths") else None
-    lock = FolderLock(out) if out and _main_process() else None
-    if lock is not None:
-        lock.acquire()  # FolderBusy: a live run writes there
+    out = _output_dir(cfg)
+    own = lock is None
+    if own and out and _main_process():
+        lock = FolderLock(out).acquire()  # FolderBusy: a live run writes there; FolderNotWritable
     try:
         info["run"] = run_meta(cfg)
         if lock is not None:
@@ -279,8 +290,12 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
         e.diffrank_run = info.get("run")  # the failure / interruption record names the run
         raise
     finally:
-        if lock is not None:
+        if own and lock is not None:
             lock.release()
+
+
+def _output_dir(cfg: DictConfig) -> str | None:
+    return cfg.paths.get("output_dir") if cfg.get("paths") else None
 
 
 def _train_built(cfg: DictConfig, info: dict[str, Any], t0: float) -> tuple[dict[str, float], dict[str, Any]]:
@@ -345,13 +360,16 @@ def _log_paper_comparison(loggers: list[Any], record: dict[str, Any]) -> None:
 
 def _finish_wandb(loggers: list[Any]) -> None:
     """``wandb.finish()`` whenever a W&B run is open (also after an exception): the next multirun job must get
-    its own run, not attach to this one."""
-    try:
-        import wandb
-    except ImportError:
+    its own run, not attach to this one. Never imports wandb: a process that has not imported it has no W&B run
+    (and a signal that cut its import short left a half-initialised module, on which an ``import wandb`` fails with
+    a circular-import ``AttributeError`` that would replace the run's own error); a failing ``finish`` is logged."""
+    wandb = sys.modules.get("wandb")
+    if getattr(wandb, "run", None) is None:
         return
-    if wandb.run is not None:
+    try:
         wandb.finish()
+    except Exception:
+        log.warning("could not finish the W&B run", exc_info=True)
 
 
 def summary_caption(record: dict[str, Any] | None) -> str | None:
@@ -389,11 +407,10 @@ def print_summary(metrics: dict[str, float], record: dict[str, Any] | None = Non
 
 def main() -> None:
     """Console entry point (``diffrank-train``): same as ``python train.py``."""
-    import sys
-
     from diffrank.registry import config_dir
 
     sys.argv.insert(1, f"--config-path={config_dir()}")
+    exit_after_stop()
     register_resolvers()  # before Hydra resolves a sweeper's params (${beta_grid:…}, ${short_hash:…})
     hydra.main(version_base="1.3", config_path=None, config_name="train")(run)()
 
@@ -403,11 +420,7 @@ def describe_error(error: BaseException) -> str:
     reports it as ``unexpected pos …``) is named first, with the file being written when known."""
     if isinstance(error, _Signalled):
         return str(error)
-    full = no_space_error(error)
-    if full is not None:
-        where = f" writing {full.filename}" if full.filename else ""
-        return f"no space left on device (ENOSPC){where}: free disk space, then resume; {type(error).__name__}: {error}"
-    return f"{type(error).__name__}: {error}"
+    return describe_no_space(error) or f"{type(error).__name__}: {error}"
 
 
 def _write_status(cfg: DictConfig, status: str, error: BaseException, wall_time_s: float,
@@ -430,17 +443,59 @@ def _write_status(cfg: DictConfig, status: str, error: BaseException, wall_time_
                   overrides=_hydra_info()["overrides"], wall_time_s=wall_time_s,
                   finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   config=OmegaConf.to_container(cfg, resolve=False)).write(path)
-    except Exception:  # the original error matters more than its record
-        log.exception("could not write the %s record", status)
+    except Exception as e:  # the original error matters more than its record
+        if no_space_error(e) is not None or isinstance(e, PermissionError):  # one line: no traceback to read
+            log.error("could not write the %s record either: %s", status, describe_error(e))
+        else:
+            log.exception("could not write the %s record", status)
 
 
 def _write_failure(cfg: DictConfig, error: BaseException, wall_time_s: float) -> None:
-    """:func:`_write_status` ``failed``."""
-    _write_status(cfg, "failed", error, wall_time_s)
+    """:func:`_write_status` ``failed``. A full disk (:func:`no_space_error`): the log files on that disk are
+    closed first (:func:`close_log_files_on`; each later line would print a 'Logging error' traceback), the record
+    gets the resume command, and one line says what happened and how to go on."""
+    if no_space_error(error) is None:
+        _write_status(cfg, "failed", error, wall_time_s)
+        return
+    out = _output_dir(cfg)
+    closed = close_log_files_on(out) if out else []
+    if closed:
+        log.warning("the disk is full: %s closed, later messages go to the console only", ", ".join(closed))
+    command = resume_command(cfg)
+    log.error("%s; the resume command: %s", describe_error(error), command)
+    _write_status(cfg, "failed", error, wall_time_s, command)
+
+
+def close_log_files_on(folder: str | Path) -> list[str]:
+    """Detach and close the ``logging.FileHandler`` s (Hydra's ``<job>.log``) whose file lies on the file system of
+    ``folder`` (a full disk: every later log line would print a 'Logging error' traceback on stderr). Returns their
+    file names; ``[]`` when ``folder`` cannot be read."""
+    try:
+        device = os.stat(folder).st_dev
+    except OSError:
+        return []
+    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(lg, logging.Logger))]
+    closed = []
+    for lg in loggers:
+        for handler in list(lg.handlers):
+            if not isinstance(handler, logging.FileHandler):
+                continue
+            try:
+                same = os.stat(handler.baseFilename).st_dev == device
+            except OSError:
+                same = os.path.dirname(handler.baseFilename) == os.path.abspath(folder)
+            if not same:
+                continue
+            lg.removeHandler(handler)
+            with suppress(OSError, ValueError):  # close flushes what it buffered: on a full disk that fails
+                handler.close()
+            closed.append(handler.baseFilename)
+    return closed
 
 
 class _Signalled(BaseException):
-    """Raised by the signal handlers of :func:`_interruptible` (not an ``Exception``: nothing on the way may
+    """Raised by the signal handler of :func:`_interruptible` (not an ``Exception``: nothing on the way may
     swallow it)."""
 
     def __init__(self, signum: int) -> None:
@@ -448,39 +503,75 @@ class _Signalled(BaseException):
         self.signum = signum
 
 
-def _raise_signalled(signum: int, frame: Any) -> None:
-    raise _Signalled(signum)
+#: the signals that stop a run with an interrupted record: kill / timeout / a scheduler (SIGTERM), Ctrl-C (SIGINT),
+#: a closed terminal or ssh connection (SIGHUP, where the platform has it)
+STOP_SIGNALS = tuple(s for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGHUP", None)) if s is not None)
+_PROCESS = {"script": False}  # set by exit_after_stop(): this process is a training script
+
+
+def exit_after_stop() -> None:
+    """Mark this process as a training script (``train.py``, ``diffrank-train``), not a library caller of :func:`run`:
+    once a stop signal has stopped a run, later stop signals are ignored (``SIG_IGN``) until the process exits with
+    128 + the first one (after the record and, in a multirun, the sweep summary; else a second ``kill`` arriving
+    after the record was written, or while the interpreter shuts down, would end the process by the signal's
+    default action). A library caller gets its own handlers back when :func:`run` returns or raises."""
+    _PROCESS["script"] = True
 
 
 @contextmanager
 def _interruptible() -> Iterator[None]:
-    """SIGTERM and SIGINT raise :class:`_Signalled` in the main thread while the run lasts (Lightning calls this
-    handler after its own SIGTERM handler, which forwards the signal to DDP workers)."""
+    """While the run lasts, the first of :data:`STOP_SIGNALS` raises :class:`_Signalled` in the main thread;
+    any later one is reported on stderr and ignored, so that the run's clean-up and its interrupted record are not
+    cut short (a second Ctrl-C or ``kill``; the exit status stays that of the first signal). SIGHUP stays ignored
+    where the process was told to ignore it (``nohup``). Lightning calls this handler after its own SIGTERM
+    handler, which forwards the signal to DDP workers."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    received: list[int] = []
+
+    def stop(signum: int, frame: Any) -> None:
+        received.append(signum)
+        if len(received) == 1:
+            raise _Signalled(signum)
+        _say(f"{signal.Signals(signum).name} received while stopping after {signal.Signals(received[0]).name}: "
+             "ignored, the run's record is being written")
+
+    old = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    if old.get(getattr(signal, "SIGHUP", None)) is signal.SIG_IGN:  # nohup: a closed terminal must not stop it
+        del old[signal.SIGHUP]
     for s in old:
-        signal.signal(s, _raise_signalled)
+        signal.signal(s, stop)
     try:
         yield
     finally:
         for s, handler in old.items():
-            signal.signal(s, handler)
+            if received and _PROCESS["script"]:  # stopping: later ones are ignored until the process has exited
+                signal.signal(s, signal.SIG_IGN)  # (a Python handler is reset to the default one at finalisation)
+            else:
+                signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+def _say(line: str) -> None:
+    """Write a line to stderr from a signal handler (no logging: the handler may run inside a logging call)."""
+    with suppress(OSError):
+        os.write(2, f"{line}\n".encode())
 
 
 def resume_command(cfg: DictConfig) -> str:
     """How to go on with an interrupted run: a multirun job, the same command into the same ``hydra.sweep.dir``
     (finished jobs are skipped, this one resumes); a single run, ``python train.py`` with its overrides,
-    ``ckpt_path=<folder>/checkpoints/last.ckpt`` and ``hydra.run.dir=<folder>`` (the same command when no
-    checkpoint was written yet)."""
+    ``ckpt_path=<checkpoint>`` and ``hydra.run.dir=<folder>``, the checkpoint being
+    ``<folder>/checkpoints/last.ckpt`` or, when the run was stopped while writing its first one, the newest
+    complete checkpoint there (:func:`~diffrank.experiments.records.folder.resume_checkpoint`); the same command
+    when no checkpoint was written yet."""
     info = _hydra_info()
     out = Path(str(cfg.paths.output_dir))
     if info["multirun"]:
         return f"the same command with -m hydra.sweep.dir={info['sweep_dir']} (this job resumes from its last.ckpt)"
-    overrides = [o for o in info["overrides"] if not o.lstrip("+~").startswith("ckpt_path=")]
-    last = out / LAST_CHECKPOINT
-    resume = [f"ckpt_path={last}", f"hydra.run.dir={out}"] if last.is_file() else []
+    overrides = [o for o in info["overrides"] if not o.lstrip("+~").startswith(("ckpt_path=", "hydra.run.dir="))]
+    checkpoint = resume_checkpoint(out)
+    resume = [f"ckpt_path={checkpoint}", f"hydra.run.dir={out}"] if checkpoint is not None else []
     return shlex.join(["python", "train.py", *overrides, *resume])
 
 
@@ -488,11 +579,18 @@ def run(cfg: DictConfig) -> float | None:
     """:func:`train`, then close W&B (so multirun jobs get their own runs), print the test metrics and
     return ``cfg.optimized_metric`` for sweepers.
 
+    The run holds its folder's lock from start to end, record included: a single run the lock Hydra's guard took
+    and handed over (:meth:`~diffrank.experiments.records.folder.FolderLock.take_over`), a multirun job its own
+    (unless the job already finished and is skipped).
+
     Raises:
         KeyError: if a training run did not log ``optimized_metric`` (its ``results.json`` says ``failed``).
-        RunInterrupted: SIGTERM / SIGINT stopped the run (its ``results.json`` says ``interrupted`` and how to
-            resume).
+        RunInterrupted: SIGTERM / SIGINT / SIGHUP stopped the run (its ``results.json`` says ``interrupted`` and how
+            to resume).
         FolderBusy / FolderTaken: the output folder is another run's (live, or holding its results).
+        FolderNotWritable: the output folder cannot be written.
+        OSError: (errno ENOSPC) the disk filled up; the message names the file, the failure record (when it
+            could be written) and the log the resume command.
         SystemExit: (status 3) a single run that diverged (its ``results.json`` says ``diverged``).
     """
     apply_smoke_budget(cfg)  # DIFFRANK_SMOKE=1: the docs' commands, tested as typed, on a few batches
@@ -500,21 +598,30 @@ def run(cfg: DictConfig) -> float | None:
         log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=False))
     apply_process_settings(cfg)
     t0 = time.time()
+    out = _output_dir(cfg)
+    lock = FolderLock.take_over(out) if out and _main_process() else None  # Hydra's guard took it
+    if lock is None and out and _main_process():
+        info = _hydra_info()
+        if finished_record(cfg, info["overrides"], info["multirun"]) is None:  # a skipped job writes nothing
+            lock = FolderLock(out).acquire()  # FolderBusy / FolderNotWritable: nothing of ours to record
     try:
         with _interruptible():
-            metrics, objects = train(cfg)
-    except (FolderBusy, FolderTaken):
-        raise  # the folder is another run's: its record stays as it is
-    except _Signalled as e:
-        command = resume_command(cfg)
-        _write_status(cfg, "interrupted", e, time.time() - t0, command)
-        log.error("interrupted by %s; resume with: %s", signal.Signals(e.signum).name, command)
-        raise RunInterrupted(e.signum, f"{e}: resume with {command}") from None
-    except Exception as e:
-        _write_failure(cfg, e, time.time() - t0)
-        raise
+            try:
+                metrics, objects = train(cfg, lock)
+            except (FolderBusy, FolderTaken, FolderNotWritable):
+                raise  # the folder is another run's, or not ours to write: its record stays as it is
+            except _Signalled as e:
+                command = resume_command(cfg)
+                _write_status(cfg, "interrupted", e, time.time() - t0, command)
+                log.error("interrupted by %s; resume with: %s", signal.Signals(e.signum).name, command)
+                raise RunInterrupted(e.signum, f"{e}: resume with {command}") from None
+            except Exception as e:
+                _write_failure(cfg, e, time.time() - t0)
+                raise
     finally:
         _finish_wandb([])
+        if lock is not None:
+            lock.release()
     print_summary(metrics, objects.get("results"))
     results = objects.get("results") or {}
     if objects.get("skipped"):
