@@ -95,3 +95,41 @@ def test_prediction_skips_sizes_past_the_budget():
     assert grid._predicted_too_slow(last, "torch", 1000, budget=60.0)  # 1 s x 100 = 100 s > 60 s
     assert grid._predicted_too_slow(last, "torch", 200, budget=60.0) is None
     assert "failed" in grid._predicted_too_slow({"torch": (100, float("nan"))}, "torch", 1000, 60.0)
+
+
+GRID = ["--suite", "grid", "--quick", "--operators", "softsort", "--backends", "torch", "--no-peers"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--suite", "basic", "--quick", "--batch", "0"], "argument --batch: at least 1, got 0"),
+    ([*GRID, "--batches", "0"], "argument --batches: at least 1, got 0"),
+    ([*GRID, "--batches", "4", "-2"], "argument --batches: at least 1, got -2"),
+    ([*GRID, "--n", "0"], "argument --n: at least 1, got 0"),
+    ([*GRID, "--ks", "0"], "argument --ks: at least 1, got 0"),
+    ([*GRID, "--k", "0"], "argument --k: at least 1, got 0"),
+    ([*GRID, "--table39", "--table39-batches", "0"], "argument --table39-batches: at least 1, got 0"),
+    ([*GRID, "--max-seconds", "0"], "argument --max-seconds: a finite number > 0, got 0"),
+    ([*GRID, "--max-seconds", "nan"], "argument --max-seconds: a finite number > 0, got nan"),
+    ([*GRID, "--cap-gb", "-1"], "argument --cap-gb: a finite number > 0, got -1"),
+    ([*GRID, "--device", "foo"], "argument --device: cpu, cuda or cuda:<index>, got 'foo'"),
+])
+def test_sizes_batches_times_and_devices_out_of_range_are_refused(capsys, argv, message):
+    """B = 0 (timings of empty batches), --batches 0 (a ZeroDivisionError per set), a size, k or time below one, an
+    unknown device: argparse refuses them, naming the flag, before any suite runs."""
+    with pytest.raises(SystemExit) as exited:
+        benchmark.main(argv)
+    assert exited.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_unwritable_outputs_and_a_missing_replot_folder_are_errors(tmp_path, capsys):
+    """--csv under a file (not a folder): 'error: suite grid cannot write its files: …', no traceback; --replot of
+    a folder without lapsum_figures.csv: a usage error naming it."""
+    from diffrank.benchmark import lapsum_figures
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit) as exited:
+        benchmark.main([*GRID, "--n", "8", "--batches", "2", "--csv", str(tmp_path / "file" / "g.csv")])
+    assert str(exited.value.code).startswith("error: suite grid cannot write its files:")
+    with pytest.raises(SystemExit) as exited:
+        lapsum_figures.main(["--replot", str(tmp_path / "nope")])
+    assert exited.value.code == 2 and "no lapsum_figures.csv there" in capsys.readouterr().err

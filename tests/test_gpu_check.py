@@ -42,9 +42,13 @@ def test_dry_run_marks_every_gpu_column_not_measured(dry_run):
     assert len(table) >= len(available()) + 2
     for line in table:
         time_cell = line.split("|")[3].strip()
-        assert time_cell == gpu.NOT_MEASURED, line
+        # a cell the headline step's share of --budget did not reach says so, on the CPU too
+        assert time_cell in (gpu.NOT_MEASURED, gpu.BUDGET_SPENT), line
+    assert [line.split("|")[3].strip() for line in table[:2]] == [gpu.NOT_MEASURED] * 2  # the floors come first
     t39 = md.split("##### Table 3.9")[1].split("\n\n")[1].splitlines()[2:]
-    assert [line.split("|")[2].strip() for line in t39] == [gpu.NOT_MEASURED] * len(gpu.grid.TABLE39_N)
+    t39_cells = [line.split("|")[2].strip() for line in t39]
+    assert len(t39_cells) == len(gpu.grid.TABLE39_N) and set(t39_cells) <= {gpu.NOT_MEASURED, gpu.BUDGET_SPENT}
+    assert t39_cells[-1] == gpu.NOT_MEASURED  # n = 1024: not run by --quick at all
     assert "μs" not in md.split("##### Training")[1] and "sets/s" in md
 
 
@@ -80,3 +84,56 @@ def test_test_outcomes_from_junit(tmp_path):
                    '<testcase name="c"><skipped/></testcase></testsuite></testsuites>')
     assert [gpu._test_outcome(xml, n) for n in "abcd"] == ["passed", "failed", "skipped", "not run"]
     assert gpu._test_outcome(tmp_path / "missing.xml", "a") == "not run"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--device", "foo"], "argument --device: cpu, cuda or cuda:<index>, got 'foo'"),
+    (["--device", "cpu", "--budget", "-5"], "argument --budget: a finite number >= 0, got -5"),
+    (["--device", "cpu", "--budget", "inf"], "argument --budget: a finite number >= 0, got inf"),
+])
+def test_an_unknown_device_or_a_negative_budget_is_refused(tmp_path, capsys, argv, message):
+    """--device foo would fail in every step and still write a report headed 'CPU' with exit status 0: refused up
+    front, as is a negative budget."""
+    with pytest.raises(SystemExit) as exited:
+        gpu.main([*argv, "--quick", "--out", str(tmp_path)])
+    assert exited.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "gpu_check.md").exists()
+
+
+def _time_cells(md, heading):
+    return [line.split("|")[3 if heading == "##### Headline cell" else 2].strip()
+            for line in md.split(heading)[1].split("\n\n")[1].splitlines()[2:]]
+
+
+def test_a_spent_budget_says_so_in_every_cell(tmp_path):
+    """--budget 0: every headline and Table 3.9 cell reads 'skipped: budget spent', not the dry run's 'not
+    measured' (which says a GPU column on a CPU)."""
+    md = gpu.main(["--device", "cpu", "--quick", "--out", str(tmp_path), "--budget", "0"])
+    head = _time_cells(md, "##### Headline cell")
+    assert len(head) == len(available()) + 2 and set(head) == {gpu.BUDGET_SPENT}
+    # --quick runs n <= 32 only: the larger sizes are not measured at all
+    assert _time_cells(md, "##### Table 3.9") == [gpu.BUDGET_SPENT] * 3 + [gpu.NOT_MEASURED] * 2
+    rows = list(csv.DictReader((tmp_path / "headline.csv").read_text().splitlines()))
+    assert {r["note"] for r in rows} == {gpu.BUDGET_SPENT}
+
+
+def test_a_failed_step_says_failed_in_its_table(tmp_path, monkeypatch):
+    """A step that raises: its table's cells say 'failed: <error>' (the console has the traceback), and the next
+    steps run."""
+    def fail(*args, **kwargs):
+        raise RuntimeError("Expected one of cpu, cuda device type at start of device string: foo")
+
+    monkeypatch.setattr(gpu, "run_headline", fail)
+    monkeypatch.setattr(gpu, "run_table39", fail)
+    md = gpu.main(["--device", "cpu", "--quick", "--out", str(tmp_path), "--budget", "0"])
+    failed = "failed: RuntimeError: Expected one of cpu, cuda device type at start of device string: foo"
+    assert set(_time_cells(md, "##### Headline cell")) == {failed[:100]}
+    assert set(_time_cells(md, "##### Table 3.9")) == {failed[:100]}
+
+
+def test_an_unwritable_out_folder_is_an_error(tmp_path):
+    """--out naming a file: 'error: cannot write into …', no traceback."""
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit) as exited:
+        gpu.main(["--device", "cpu", "--quick", "--out", str(tmp_path / "file"), "--budget", "0"])
+    assert str(exited.value.code).startswith(f"error: cannot write into {tmp_path / 'file'}:")

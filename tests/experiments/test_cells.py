@@ -85,3 +85,68 @@ def test_command_line_queues_several_cells_in_order(tmp_path, capsys):
     assert cells.main(["a", "b", "--seeds", "0,1", "--out", str(tmp_path), "--dry-run", "--", "x=1"]) == {"jobs": 4}
     folders = [line.split()[1] for line in capsys.readouterr().out.splitlines()]
     assert folders == [str(tmp_path / e / f"seed{s}") for e in ("a", "b") for s in (0, 1)]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--grid", "seed=1,2"], "seed is set for each job by the runner (--seeds)"),
+    (["--grid", "experiment=a,b"], "experiment is set for each job by the runner"),
+    (["--grid", "operator.beta=1,2", "--grid", "operator.beta=3"], "operator.beta is already a grid axis"),
+    (["--grid", "operator.beta=1,2", "--", "operator.beta=3"], "operator.beta is set for each job (a --grid axis)"),
+    (["--", "seed=3"], "seed is set for each job (--seeds)"),
+    (["--", "+hydra.run.dir=/x"], "hydra.run.dir is set for each job"),
+])
+def test_grid_keys_the_jobs_set_again_are_refused(tmp_path, capsys, argv, message):
+    """--grid seed=1,2 beside --seeds (or a grid key given again after --) would be overridden in every job: the
+    jobs would all run the same; refused, named, before anything runs."""
+    with pytest.raises(SystemExit) as exited:
+        cells.main(["e", "--seeds", "0", "--out", str(tmp_path), "--dry-run", *argv])
+    assert exited.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_two_jobs_in_one_folder_are_refused(tmp_path, capsys):
+    """--seeds 0,0, a grid value given twice (a path with and without its trailing /) or an experiment named twice:
+    refused, naming the duplicate; a path value is one folder name, never folders inside folders."""
+    for argv, message in ((["e", "--seeds", "0,0"], "seed 0 is given twice"),
+                          (["e", "--grid", "paths.data_dir=/d,/d/"], "two jobs would run in one folder"),
+                          (["e", "e", "--seeds", "1"], "two jobs would run in one folder")):
+        with pytest.raises(SystemExit) as exited:
+            cells.main([*argv, "--out", str(tmp_path), "--dry-run"])
+        err = capsys.readouterr().err
+        assert exited.value.code == 2 and message in err, err
+    assert "'experiment=e paths.data_dir=/d seed=0' and 'experiment=e paths.data_dir=/d/ seed=0'" in str(
+        pytest.raises(ValueError, cells.jobs, "e", [0], ["paths.data_dir=/d,/d/"], [], tmp_path).value)
+    (job,) = cells.jobs("e", [0], ["paths.data_dir=/work/data"], [], tmp_path)
+    assert job.folder == tmp_path / "e" / "data_dirwork_data_seed0"
+    nested = [cells.Job(tmp_path / "e" / "seed0", ["a"]), cells.Job(tmp_path / "e" / "seed0" / "x", ["b"])]
+    with pytest.raises(ValueError, match="is inside job folder"):
+        cells.check_folders(nested)
+
+
+@pytest.mark.parametrize("flag", ["--slots", "--threads"])
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_slots_and_threads_below_one_are_refused(tmp_path, capsys, flag, value):
+    """--slots 0 would wait forever for a free slot, --threads 0 give OMP_NUM_THREADS=0: argparse refuses both."""
+    with pytest.raises(SystemExit) as exited:
+        cells.main(["e", "--out", str(tmp_path), "--dry-run", flag, value])
+    assert exited.value.code == 2 and f"argument {flag}: at least 1, got {value}" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="at least 1"):
+        cells.run_queue(cells.jobs("e", [0], [], [], tmp_path), slots=0, threads=1, poll_s=0.01)
+
+
+def test_a_failed_job_exits_non_zero_with_its_last_error(tmp_path, capsys, monkeypatch):
+    """A job that fails (here: a traceback ending in ValueError, then Hydra's hint) makes the runner exit 1,
+    its FAILED line and the summary naming the last error line of its stdout.log."""
+    fake = ("import sys; print('Error executing job with overrides: [...]'); print('Traceback (most recent call "
+            "last):'); print('  File \"x.py\", line 1'); print('ValueError: lr must be positive, got -1'); print(); "
+            "print('Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.'); sys.exit(1)")
+    monkeypatch.setattr(cells.Job, "command", lambda self: [sys.executable, "-c", fake])
+    monkeypatch.setattr(cells, "check_composes", lambda job: None)
+    run_queue = cells.run_queue
+    monkeypatch.setattr(cells, "run_queue", lambda *a, **kw: run_queue(*a, poll_s=0.05, **kw))
+    with pytest.raises(SystemExit) as exited:
+        cells.main(["e", "--seeds", "0", "--slots", "1", "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert exited.value.code == 1
+    assert "FAILED (rc 1)" in out and out.splitlines()[-2].endswith("ValueError: lr must be positive, got -1")
+    assert "0 finished, 1 failed" in out
+    assert err.strip() == f"failed: {tmp_path / 'e' / 'seed0' / 'stdout.log'}: ValueError: lr must be positive, got -1"

@@ -179,8 +179,8 @@ def test_make_report_reads_every_record_once(tmp_path, monkeypatch, capsys):
                                   "paper": {"paper": "petersen_thesis_2022", "table": "3.7", "dataset": "mnist4",
                                             "method": "Cauchy CDF", "network": "odd_even", "n": 5}})
     reads = []
-    read = archive.RunRecord.read
-    monkeypatch.setattr(archive.RunRecord, "read", lambda path: reads.append(path) or read(path))
+    read = archive.read_record
+    monkeypatch.setattr(archive, "read_record", lambda path: reads.append(path) or read(path))
     result = report.write_report([tmp_path / "runs"], tmp_path / "report", quiet=True)
     assert sorted(p.parent.name for p in reads) == ["0", "1"]  # each file once
     assert result["runs"] == 1 and result["skipped"] == 1 and not result["unmatched"]

@@ -46,10 +46,12 @@ from pathlib import Path
 
 import torch
 
-from diffrank.benchmark import grid
+from diffrank.benchmark import device_type, grid, non_negative_float
 from diffrank.benchmark.harness import fmt_bytes, fmt_time
 
 NOT_MEASURED = "not measured"
+# a cell (or step) not measured because its step's share of --budget was spent: said as such, on the CPU too
+BUDGET_SPENT = "skipped: budget spent"
 HEADLINE = {"n": 1000, "k": 5, "B": 1024}
 HEADLINE_QUICK = {"n": 100, "k": 5, "B": 8}
 TABLE39_B = 128
@@ -208,19 +210,30 @@ def floors(n: int, k: int, B: int, device: str, max_seconds: float, bw: tuple[fl
     return recs
 
 
-def run_headline(device: str, quick: bool, budget: float, bw: tuple[float, str], out: Path) -> list[dict]:
-    """Every operator x backend and its peer at the headline cell, and the floors; rows appended to the CSV."""
+def _spent(table: str, name: str, device: str, cell: dict, bw: tuple[float, str]) -> dict:
+    """The record of a cell skipped because its step's budget is spent (note :data:`BUDGET_SPENT`)."""
+    m = grid.Measurement(float("nan"), float("nan"), error=BUDGET_SPENT)
+    return grid.record(table, name, "-", device, cell["n"], cell["k"], cell["B"], m, m, None, bw, note=BUDGET_SPENT)
+
+
+def run_headline(device: str, quick: bool, budget: float, bw: tuple[float, str], out: Path,
+                 recs: list[dict] | None = None) -> list[dict]:
+    """Every operator x backend and its peer at the headline cell, and the floors; rows appended to the CSV and
+    to ``recs`` (returned; kept by the caller when the step fails part-way). Once ``budget`` seconds are spent,
+    the remaining cells are records noted :data:`BUDGET_SPENT`."""
     cell = HEADLINE_QUICK if quick else HEADLINE
+    recs = [] if recs is None else recs
     sink = grid.CsvSink(out / "headline.csv")
     t0, per_cell = time.monotonic(), max(0.5, budget / 60)
-    recs = floors(cell["n"], cell["k"], cell["B"], device, per_cell, bw, sink)
     from diffrank.operators import available
 
+    if budget <= 0:
+        recs += [sink(_spent("floor", name, device, cell, bw)) for name in ("torch.sort", "torch.topk")]
+    else:
+        recs += floors(cell["n"], cell["k"], cell["B"], device, per_cell, bw, sink)
     for name in available():
-        if time.monotonic() - t0 > budget:
-            recs.append(sink(grid.record("grid", name, "-", device, cell["n"], cell["k"], cell["B"],
-                                         grid._skip("step budget spent"), grid._skip("step budget spent"), None, bw,
-                                         note="skip: step budget spent")))
+        if time.monotonic() - t0 >= budget:
+            recs.append(sink(_spent("grid", name, device, cell, bw)))
             continue
         args = _args(device, False, per_cell, n=[cell["n"]], ks=[cell["k"]], batches=[cell["B"]], operators=[name])
         recs += grid.run_grid(args, bw, sink)
@@ -228,16 +241,21 @@ def run_headline(device: str, quick: bool, budget: float, bw: tuple[float, str],
 
 
 # -- 5. Table 3.9 -----------------------------------------------------------------------------------------
-def run_table39(device: str, quick: bool, budget: float, bw: tuple[float, str], out: Path) -> list[dict]:
-    """Full P forward+backward at the thesis' n, B = :data:`TABLE39_B` (``--quick``: n <= 32, B = 4)."""
+def run_table39(device: str, quick: bool, budget: float, bw: tuple[float, str], out: Path,
+                recs: list[dict] | None = None) -> list[dict]:
+    """Full P forward+backward at the thesis' n, B = :data:`TABLE39_B` (``--quick``: n <= 32, B = 4); rows
+    appended to the CSV and to ``recs`` (returned); the cells after ``budget`` seconds are noted
+    :data:`BUDGET_SPENT`."""
     sink = grid.CsvSink(out / "table39.csv")
     args = _args(device, quick, max(0.5, budget / 40), table39_batches=[TABLE39_B])
-    return grid.run_table39(args, bw, sink)
+    return grid.run_table39(args, bw, sink, deadline=time.monotonic() + budget, spent=BUDGET_SPENT, recs=recs)
 
 
 # -- 6. the sorting protocol's training rate --------------------------------------------------------------
 def run_sorting_rate(device: str, data_dir: str | None, out: Path, timeout: float, steps: int) -> dict:
     """Sets/s of :data:`SORTING_ROW` (batch 100, bf16-mixed, device-resident sets) in a subprocess."""
+    if timeout <= 0:
+        return {"note": BUDGET_SPENT}
     if not data_dir or not (Path(data_dir) / "MNIST" / "raw").is_dir():
         return {"note": f"no MNIST at {data_dir!r} (--data-dir / DIFFRANK_DATA: the folder holding MNIST/raw)"}
     path = out / "sorting_rate.json"
@@ -283,8 +301,14 @@ def _ok(rec: dict | None) -> bool:
     return rec is not None and rec["fwd_bwd_s"] == rec["fwd_bwd_s"]
 
 
-def _t(rec: dict | None, measured: bool, key: str = "fwd_bwd_s") -> str:
-    """A time cell: "not measured" off the GPU, "-" without a record, the skip / failure note without a time."""
+def _t(rec: dict | None, measured: bool, key: str = "fwd_bwd_s", failed: str | None = None) -> str:
+    """A time cell: :data:`BUDGET_SPENT` for a cell skipped for the budget and ``failed: <error>`` for a cell the
+    failed step (``failed``) never reached (on the CPU too); else "not measured" off the GPU, "-" without a
+    record, the skip / failure note without a time."""
+    if rec is None and failed:
+        return f"failed: {failed}"[:100]
+    if rec is not None and rec.get("note") == BUDGET_SPENT:
+        return BUDGET_SPENT
     if not measured:
         return NOT_MEASURED
     if rec is None:
@@ -301,8 +325,9 @@ def _split(recs: list[dict]) -> tuple[dict, list[dict], dict]:
     return floor, ours, peers
 
 
-def headline_table(recs: list[dict], measured: bool) -> list[str]:
-    """docs/gpu.md's headline table: one line per operator x impl, its peer and the ratios to peer and floor."""
+def headline_table(recs: list[dict], measured: bool, failed: str | None = None) -> list[str]:
+    """docs/gpu.md's headline table: one line per operator x impl, its peer and the ratios to peer and floor;
+    when the step failed (``failed``: its error), the cells it did not reach say ``failed: <error>``."""
     floor, ours, peers = _split(recs)
     sort_t = floor["torch.sort"]["fwd_bwd_s"] if _ok(floor.get("torch.sort")) else float("nan")
     dash = "-" if measured else NOT_MEASURED
@@ -310,7 +335,7 @@ def headline_table(recs: list[dict], measured: bool) -> list[str]:
              "| ours ÷ peer |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name in ("torch.sort", "torch.topk"):
         r = floor.get(name)
-        lines.append(f"| {name} (floor) | torch | {_t(r, measured)} | "
+        lines.append(f"| {name} (floor) | torch | {_t(r, measured, failed=failed)} | "
                      f"{fmt_bytes(r['peak_bytes']) if measured and _ok(r) else dash} | | | | | | |")
     for r in ours:
         ok, p = measured and _ok(r), peers.get(r["operator"])
@@ -321,6 +346,8 @@ def headline_table(recs: list[dict], measured: bool) -> list[str]:
                  p["impl"] if p else "", _t(p, measured) if p else "",
                  f"{r['fwd_bwd_s'] / p['fwd_bwd_s']:.2f}" if ok and _ok(p) else (dash if p else "")]
         lines.append("| " + " | ".join(cells) + " |")
+    if failed:
+        lines.append(f"| (operators not reached) | | {_t(None, measured, failed=failed)} | | | | | | | |")
     return lines
 
 
@@ -344,8 +371,9 @@ def best_ratios(recs: list[dict]) -> list[str]:
     return lines
 
 
-def table39_table(recs: list[dict], measured: bool) -> list[str]:
-    """docs/gpu.md's Table 3.9 table: time per set at B = :data:`TABLE39_B` beside the thesis' GPU figure."""
+def table39_table(recs: list[dict], measured: bool, failed: str | None = None) -> list[str]:
+    """docs/gpu.md's Table 3.9 table: time per set at B = :data:`TABLE39_B` beside the thesis' GPU figure (the
+    cells a failed step did not reach: ``failed: <error>``)."""
     by = {(r["operator"], r["n"]): r for r in recs if r["table"] == "table3.9"}
     thesis = grid.thesis_table39()
     cols = [("diffsort_odd_even", "dsn", "odd_even", "odd-even"), ("diffsort_bitonic", "dsn", "bitonic", "bitonic"),
@@ -357,7 +385,7 @@ def table39_table(recs: list[dict], measured: bool) -> list[str]:
         cells = []
         for op, t_op, t_net, _ in cols:
             t = thesis.get((t_op, t_net, n), {}).get("gpu_time_s")
-            cells += [_t(by.get((op, n)), measured, "per_sample_s"), fmt_time(t) if t is not None else "-"]
+            cells += [_t(by.get((op, n)), measured, "per_sample_s", failed), fmt_time(t) if t is not None else "-"]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     return lines
 
@@ -373,6 +401,8 @@ def training_table(tests: dict, rate: dict, measured: bool) -> list[str]:
     sps = rate.get("sets_per_s")
     if measured and sps:
         speed = f"{sps:.0f} ({1e3 * rate['s_per_step']:.2f} ms/step over {rate['steps']} steps)"
+    elif str(rate.get("note", "")).startswith(("failed", BUDGET_SPENT)):
+        speed = rate["note"]
     else:
         speed = NOT_MEASURED + (f" ({rate['note']})" if rate.get("note") else "")
     lines = ["| figure | value |", "|---|---|",
@@ -388,8 +418,10 @@ def training_table(tests: dict, rate: dict, measured: bool) -> list[str]:
 
 
 def report(env: dict, tests: dict, peers: dict, head: list[dict], t39: list[dict], rate: dict, command: str,
-           measured: bool) -> str:
-    """The markdown of ``gpu_check.md`` (docs/gpu.md's "Figures" section, filled in)."""
+           measured: bool, failed: dict[str, str] | None = None) -> str:
+    """The markdown of ``gpu_check.md`` (docs/gpu.md's "Figures" section, filled in); ``failed``: ``{step: error}``
+    of the steps that raised (their tables say ``failed: <error>``)."""
+    failed = failed or {}
     dev = env.get("device_name", env["device"])
     cell = "n = 100, k = 5, B = 8 (--quick)" if not measured else "n = 1 000, k = 5, B = 1 024"
     out = [f"#### {env['date']}, {dev}" + (f" (driver {env['driver']})" if env.get("driver") else ""),
@@ -398,11 +430,13 @@ def report(env: dict, tests: dict, peers: dict, head: list[dict], t39: list[dict
            f"Tests (`{tests.get('command', TESTS_COMMAND)}`): {tests.get('summary', NOT_MEASURED)}"
            + (f" in {tests['seconds']} s" if tests.get("seconds") else "") + ".", "",
            "Peers built here: " + (", ".join(f"{k}: {v}" for k, v in peers.items()) or "none") + ".", "",
-           f"##### Headline cell: {cell} (forward+backward)", "", *headline_table(head, measured), "",
+           f"##### Headline cell: {cell} (forward+backward)", "",
+           *headline_table(head, measured, failed.get("headline")), "",
            "Our fastest implementation of each operator against its peer and the floor:", "",
            *(best_ratios(head) if measured else ["| not measured |", "|---|"]), "",
            f"##### Table 3.9 sizes: time per set (time / B, B = {TABLE39_B}), full P forward+backward", "",
-           *table39_table(t39, measured), "", "##### Training step and run", "", *training_table(tests, rate, measured)]
+           *table39_table(t39, measured, failed.get("table39")), "", "##### Training step and run", "",
+           *training_table(tests, rate, measured)]
     return "\n".join(out) + "\n"
 
 
@@ -433,8 +467,9 @@ def plot(recs: list[dict], path: Path, title: str) -> None:
 
 
 # -- the command ------------------------------------------------------------------------------------------
-def _guard(step: str, fn, fallback):
-    """``fn()``, or ``fallback`` after printing the error: one failing step must not cost the others' figures."""
+def _guard(step: str, fn, fallback, failed: dict[str, str] | None = None):
+    """``fn()``, or ``fallback`` after printing the error (and recording it in ``failed[step]`` for the tables):
+    one failing step must not cost the others' figures."""
     try:
         return fn()
     except Exception as e:  # noqa: BLE001 - reported in the tables as the step's failure
@@ -442,17 +477,26 @@ def _guard(step: str, fn, fallback):
 
         print(f"[gpu-check] step {step} failed: {type(e).__name__}: {e}", flush=True)
         traceback.print_exc()
+        if failed is not None:
+            failed[step] = f"{type(e).__name__}: {e}".splitlines()[0][:160]
         return fallback
 
 
 def main(argv: list[str] | None = None) -> str:
-    """Run the steps of the module docstring; returns the markdown report (also written and printed)."""
+    """Run the steps of the module docstring; returns the markdown report (also written and printed).
+
+    Raises:
+        SystemExit: status 2 for a bad flag (a device other than cpu / cuda, a negative or non-finite budget);
+            ``--device cuda`` without a visible CUDA device; ``error: cannot write into <out>: …`` when a file of
+            ``--out`` cannot be written.
+    """
     p = argparse.ArgumentParser(prog="python -m diffrank.benchmark.gpu", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="outputs/gpu_check", help="the folder everything is written into")
-    p.add_argument("--device", default="cuda", help="cuda (the check) or cpu (the dry run)")
+    p.add_argument("--device", type=device_type, default="cuda", help="cuda (the check) or cpu (the dry run)")
     p.add_argument("--quick", action="store_true", help="small sizes, no pytest step (the CPU dry run)")
-    p.add_argument("--budget", type=float, default=420.0, help="seconds for all steps together")
+    p.add_argument("--budget", type=non_negative_float, default=420.0,
+                   help="seconds for all steps together (0: every step skipped)")
     p.add_argument("--data-dir", default=os.environ.get("DIFFRANK_DATA"), help="folder holding MNIST/raw")
     p.add_argument("--peer-src", default=os.environ.get("DIFFRANK_PEER_SRC"),
                    help="folder with checkouts torchsort/ and LapSum/ to build their CUDA extensions (needs nvcc)")
@@ -462,37 +506,58 @@ def main(argv: list[str] | None = None) -> str:
     if cuda and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False); "
                          "the dry run is --device cpu --quick")
+    command = "python -m diffrank.benchmark.gpu " + " ".join(argv if argv is not None else sys.argv[1:])
+    try:
+        return _check(a, command)
+    except OSError as e:  # --out not writable, or a full disk: the steps' own errors are in their tables
+        raise SystemExit(f"error: cannot write into {a.out}: {e}") from None
+
+
+def _check(a: argparse.Namespace, command: str) -> str:
+    """The steps of :func:`main` for its parsed options ``a``; the markdown report."""
+    cuda = a.device.startswith("cuda")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    command = "python -m diffrank.benchmark.gpu " + " ".join(argv if argv is not None else sys.argv[1:])
     env = environment(a.device)
     (out / "environment.json").write_text(json.dumps(env, indent=1))
     print(f"[gpu-check] {env['device_name']}, torch {env['torch']}, Triton {env['triton']}, nvcc {env['nvcc']}",
           flush=True)
+    failed: dict[str, str] = {}
     procs, why = ([], "skipped") if "peers" in a.skip or not cuda else _guard(
-        "peers", lambda: start_peer_builds(a.peer_src, env["nvcc"], out), ([], "failed to start"))
+        "peers", lambda: start_peer_builds(a.peer_src, env["nvcc"], out), ([], "failed to start"), failed)
+    if "peers" in failed:
+        why = f"failed: {failed['peers']}"
     if "tests" in a.skip or a.quick:
         tests = {"summary": NOT_MEASURED + (" (--quick)" if a.quick else " (skipped)")}
+    elif a.budget <= 0:
+        tests = {"summary": BUDGET_SPENT}
     else:
         print("[gpu-check] pytest -m 'gpu or triton' ...", flush=True)
-        tests = _guard("tests", lambda: run_tests(out, SHARES["tests"] * a.budget), {"summary": "the step failed"})
+        tests = _guard("tests", lambda: run_tests(out, SHARES["tests"] * a.budget), {}, failed)
+        tests.setdefault("summary", f"failed: {failed.get('tests')}")
         print(f"[gpu-check] tests: {tests['summary']}", flush=True)
     peers = finish_peer_builds(procs, 120.0) if procs else ({"torchsort, lapsum-official": why} if cuda else {})
     bw = grid.peak_bandwidth(a.device, measure_copy=cuda)
-    head = [] if "headline" in a.skip else _guard(
-        "headline", lambda: run_headline(a.device, a.quick, SHARES["headline"] * a.budget, bw, out), [])
-    t39 = [] if "table39" in a.skip else _guard(
-        "table39", lambda: run_table39(a.device, a.quick, SHARES["table39"] * a.budget, bw, out), [])
+    head: list[dict] = []  # filled as the step goes: a step failing part-way keeps what it measured
+    if "headline" not in a.skip:
+        _guard("headline", lambda: run_headline(a.device, a.quick, SHARES["headline"] * a.budget, bw, out, head),
+               None, failed)
+    t39: list[dict] = []
+    if "table39" not in a.skip:
+        _guard("table39", lambda: run_table39(a.device, a.quick, SHARES["table39"] * a.budget, bw, out, t39),
+               None, failed)
     if "sorting" in a.skip or not cuda:
         rate = {"note": "skipped" if "sorting" in a.skip else "measured on CUDA only"}
     else:
         print("[gpu-check] sorting protocol rate ...", flush=True)
         rate = _guard("sorting", lambda: run_sorting_rate(a.device, a.data_dir, out, SHARES["sorting"] * a.budget,
-                                                          steps=200), {"note": "the step failed"})
+                                                          steps=200), {}, failed)
+        if "sorting" in failed:
+            rate = {"note": f"failed: {failed['sorting']}"}
     name = env["device_name"]
     plot(head, out / "headline.png", f"headline cell, {name}")
     plot(t39, out / "table39.png", f"thesis Table 3.9 sizes (B = {TABLE39_B}), {name}")
-    md = report(env, tests, peers, head, t39, rate, command, measured=cuda)
+    md = report(env, tests, peers, head, t39, rate, command, measured=cuda, failed=failed)
     (out / "gpu_check.md").write_text(md)
     with open(out / "summary.csv", "w", newline="") as f:
         w = csv.writer(f)

@@ -361,14 +361,28 @@ def thesis_table39() -> dict[tuple[str, str, int], dict[str, float]]:
     return out
 
 
-def run_table39(args, bw: tuple[float, str], sink=lambda rec: rec) -> list[dict]:
-    """Full P (soft rank for fast_soft_sort) forward+backward at the thesis' sizes, per set beside the thesis."""
+def run_table39(args, bw: tuple[float, str], sink=lambda rec: rec, deadline: float | None = None,
+                spent: str = "skip: budget spent", recs: list[dict] | None = None) -> list[dict]:
+    """Full P (soft rank for fast_soft_sort) forward+backward at the thesis' sizes, per set beside the thesis.
+
+    Args:
+        args: the suite's options (``device``, ``quick``, ``max_seconds`` per cell, ``operators``,
+            ``table39_batches``).
+        bw: the device's peak bandwidth (:func:`peak_bandwidth`).
+        sink: called with each record as it is measured.
+        deadline: a ``time.monotonic()`` value; the cells after it are not measured, their note ``spent``.
+        spent: the note of a cell skipped for the deadline.
+        recs: the list the records are appended to (returned; a new one when None).
+    """
+    import time
+
     from diffrank.operators import load
 
     thesis = thesis_table39()
     ns = [n for n in TABLE39_N if n <= 32] if args.quick else TABLE39_N
     bs = [1, 4] if args.quick else (args.table39_batches or TABLE39_B)
-    dev, budget, recs = args.device, args.max_seconds, []
+    dev, budget = args.device, args.max_seconds
+    recs = [] if recs is None else recs
     for name, (t_op, t_net) in TABLE39_OPS.items():
         if args.operators and name not in args.operators:
             continue
@@ -380,7 +394,9 @@ def run_table39(args, bw: tuple[float, str], sink=lambda rec: rec) -> list[dict]
             for n in ns:
                 x = torch.randn(B, n, generator=torch.Generator().manual_seed(n)).to(dev)
                 slow = _predicted_too_slow(last, name, n, budget)
-                if slow:
+                if deadline is not None and time.monotonic() >= deadline:
+                    f = fb = Measurement(float("nan"), float("nan"), error=spent)
+                elif slow:
                     f = fb = _skip(slow)
                 else:
                     f, fb = cell(fn, x, dev, budget)

@@ -554,13 +554,26 @@ def load_rows(path: Path) -> tuple[list[dict], list[dict], list[dict]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``--replot DIR``: redraw the figures of DIR/lapsum_figures.csv (no measurement)."""
+    """``--replot DIR``: redraw the figures of DIR/lapsum_figures.csv (no measurement).
+
+    Raises:
+        SystemExit: status 2 when DIR holds no ``lapsum_figures.csv``; 1 (``error: …``) for a malformed one or a
+            figure that cannot be written.
+    """
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m diffrank.benchmark.lapsum_figures")
     p.add_argument("--replot", required=True, help="folder with lapsum_figures.csv; the PNGs are written there")
     out = Path(p.parse_args(argv).replot)
-    write_figures(out, *load_rows(out / "lapsum_figures.csv"))
+    if not (out / "lapsum_figures.csv").is_file():
+        p.error(f"--replot {out}: no lapsum_figures.csv there (write it with python -m diffrank.benchmark --suite "
+                "lapsum_figures)")
+    try:
+        write_figures(out, *load_rows(out / "lapsum_figures.csv"))
+    except (KeyError, ValueError) as e:  # a column missing or a cell that is not a number
+        raise SystemExit(f"error: {out / 'lapsum_figures.csv'} is not a lapsum_figures table: {e!r}") from None
+    except OSError as e:
+        raise SystemExit(f"error: cannot write the figures into {out}: {e}") from None
 
 
 # -- the suite -------------------------------------------------------------------------------------------

@@ -108,7 +108,7 @@ def _record(method: str, operator: str, value: float, seed: int) -> tuple[str, R
     paper = {"paper": "petersen_thesis_2022", "table": "7.1", "dataset": "mnist", "model": "fc5_relu_100",
              "method": method, "setting": "optimizer=sgd;epochs=1;model_label=M1"}
     return f"/runs/{operator}/{seed}/results.json", RunRecord(paper=paper, metrics={"test/top1": value},
-                                                              optimizer_steps=550, global_batch=100)
+                                                              optimizer_steps=550, global_batch=100, status="done")
 
 
 def test_report_compares_each_newton_variant_with_regular_by_welch():

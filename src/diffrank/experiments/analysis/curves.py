@@ -11,6 +11,7 @@ import argparse
 import csv
 from pathlib import Path
 
+from diffrank.experiments.analysis.report import save_figure
 from diffrank.experiments.records.record import RECORD_FILE, RunRecord
 
 
@@ -18,14 +19,22 @@ def read_curve(run_dir: str | Path, metric: str) -> list[tuple[int, float]]:
     """``(step, value)`` pairs of ``metric`` from every ``csv/*/metrics.csv`` of a run folder (a resumed run
     appends versions: all are read, the later value wins at a repeated step), sorted by step.
 
-    Steps are Lightning's logged ``step`` + 1 (the logger writes a validation after step s at s − 1)."""
+    Steps are Lightning's logged ``step`` + 1 (the logger writes a validation after step s at s − 1).
+
+    Raises:
+        ValueError: a row whose step or value is not a number (the message names the file and line).
+    """
     points: dict[int, float] = {}
     for path in sorted(Path(run_dir).glob("csv/*/metrics.csv")):
         with path.open(newline="") as f:
-            for row in csv.DictReader(f):
+            for line, row in enumerate(csv.DictReader(f), 2):  # line 1: the header
                 value = row.get(metric)
                 if value not in (None, ""):
-                    points[int(row["step"]) + 1] = float(value)
+                    try:
+                        points[int(row["step"]) + 1] = float(value)
+                    except (KeyError, TypeError, ValueError):
+                        raise ValueError(f"{path}, line {line}: step {row.get('step')!r} or {metric} {value!r} is "
+                                         "not a number") from None
     return sorted(points.items())
 
 
@@ -48,7 +57,8 @@ def plot(paths: list[str | Path], metric: str, out: str | Path, title: str | Non
     """Draw ``metric`` (× ``scale``, % by default) against the step for every run below ``paths``; write a PNG.
 
     Raises:
-        FileNotFoundError: a path that does not exist. ValueError: no run logged ``metric``.
+        FileNotFoundError: a path that does not exist. ValueError: no run logged ``metric``, or a malformed
+        ``metrics.csv`` (:func:`read_curve`). OSError: ``out`` cannot be written (named; no partial PNG is left).
     """
     import matplotlib
 
@@ -63,7 +73,9 @@ def plot(paths: list[str | Path], metric: str, out: str | Path, title: str | Non
             continue
         rec = RunRecord.read(run / RECORD_FILE)
         test = metric.replace("val/", "test/")
-        label = run.name + (f" (test {scale * rec.metrics[test]:.2f})" if rec and test in rec.metrics else "")
+        value = rec.metrics.get(test) if rec and isinstance(rec.metrics, dict) else None
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        label = run.name + (f" (test {scale * value:.2f})" if numeric else "")
         ax.plot([s for s, _ in curve], [scale * v for _, v in curve], marker="o", ms=3, label=label)
         drawn += 1
     if not drawn:
@@ -75,22 +87,31 @@ def plot(paths: list[str | Path], metric: str, out: str | Path, title: str | Non
     if title:
         ax.set_title(title, fontsize=10)
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        save_figure(fig, out, dpi=110)
+    finally:
+        plt.close(fig)
     return out
 
 
 def main(argv: list[str] | None = None) -> Path:
-    """Command line: see the module docstring."""
+    """Command line: see the module docstring.
+
+    Raises:
+        SystemExit: status 1 with ``error: <why>`` for a missing folder, no run that logged the metric, a
+            malformed log or a PNG that cannot be written (status 2: bad arguments).
+    """
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("paths", nargs="+", help="run folders or folders holding them")
     ap.add_argument("--metric", default="val/em5")
     ap.add_argument("--out", required=True, help="PNG file")
     ap.add_argument("--title", default=None)
     a = ap.parse_args(argv)
-    out = plot(a.paths, a.metric, a.out, a.title)
+    try:
+        out = plot(a.paths, a.metric, a.out, a.title)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: {e}") from None
     print(out)
     return out
 

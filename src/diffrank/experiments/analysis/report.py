@@ -53,13 +53,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
+import sys
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from diffrank.experiments.records.archive import find_records_with_files
+from diffrank.experiments.records.archive import SUFFIX, find_records_with_files
 from diffrank.experiments.records.paper_rows import (  # noqa: F401 - report.<name> as before
     LABEL_COLUMNS,
     SIGNIFICANCE,
@@ -73,12 +75,14 @@ from diffrank.experiments.records.paper_rows import (  # noqa: F401 - report.<na
     significance,
     table_rows,
 )
-from diffrank.experiments.records.record import RunRecord
+from diffrank.experiments.records.record import RunRecord, write_atomic
 
 # the config groups a run of no paper row is described by (its record's ``choices``), in this order
 CONFIG_CHOICES = ("experiment", "data", "net", "loss", "operator", "pk", "newton")
 # metrics recorded as fractions (accuracies, exact matches): shown in % like the papers' tables
 PERCENT_METRICS = ("top", "em", "ew", "acc")
+# our metric for a reference metric M is <prefix><m>: the test metrics unless --metric-prefix says otherwise
+DEFAULT_PREFIX = "test/"
 
 
 def _command(rec: RunRecord) -> str:
@@ -254,8 +258,12 @@ def markdown(result: dict[str, Any]) -> str:
         out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in cells]
         out.append("")
     if result.get("not_done"):
-        out += ["## Runs left out: not finished (diverged, interrupted or failed)", ""]
+        out += ["## Runs left out: not finished (status diverged, interrupted, failed, or anything but done)", ""]
         out += [f"- `{path}`: {status}" for path, status in result["not_done"]]
+        out.append("")
+    if result.get("left_out"):
+        out += ["## Runs left out: not comparable with their line's other runs", ""]
+        out += [f"- `{path}`: {why}" for path, why in result["left_out"]]
         out.append("")
     if result["unmatched"]:
         out += ["## Runs whose `paper` key matches no reference row", ""]
@@ -291,10 +299,48 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
         ax.set_title(f"{paper}\nTable {table}", fontsize=9)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, dpi=120)
+    finally:
+        plt.close(fig)
     return path
+
+
+def _named(e: OSError, path: Path) -> OSError:
+    """``e`` (a failed write) as an OSError naming ``path`` (a full disk's ENOSPC names no file)."""
+    return OSError(e.errno, f"cannot write {path}: {e.strerror or e}")
+
+
+def save_figure(fig: Any, path: Path, dpi: int = 120) -> Path:
+    """Save a matplotlib figure as the PNG ``path`` through a temporary file renamed over it, so that a failed
+    write (a full disk) leaves no empty or partial PNG. Folders are created. Returns the path.
+
+    Raises:
+        OSError: the file cannot be written (the message names ``path``; the temporary file is removed).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fig.savefig(tmp, dpi=dpi, format="png")
+        os.replace(tmp, path)
+    except OSError as e:
+        raise _named(e, path) from e
+    finally:
+        tmp.unlink(missing_ok=True)  # only left when the write or the rename failed
+    return path
+
+
+def write_text(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (:func:`~diffrank.experiments.records.record.write_atomic`: a
+    failed write leaves no partial file). Returns the path.
+
+    Raises:
+        OSError: the file cannot be written (the message names ``path``).
+    """
+    try:
+        return write_atomic(path, text)
+    except OSError as e:
+        raise _named(e, path) from e
 
 
 def _console(renderables: list[Any]) -> Any:
@@ -340,12 +386,14 @@ def print_console(result: dict[str, Any]) -> None:
         shown.append(Text.assemble(("no reference row for", "yellow"), f" {path}: {key}"))
     for path, status in result.get("not_done", []):
         shown.append(Text.assemble((f"left out ({status}):", "yellow"), f" {path}"))
+    for path, why in result.get("left_out", []):
+        shown.append(Text.assemble(("left out:", "yellow"), f" {path}: {why}"))
     console = _console(shown)
     for r in shown:
         console.print(r)
 
 
-def write_report(paths: Iterable[str | Path], out: str | Path = "outputs/report", metric_prefix: str = "test/",
+def write_report(paths: Iterable[str | Path], out: str | Path = "outputs/report", metric_prefix: str = DEFAULT_PREFIX,
                  quiet: bool = False) -> dict[str, Any]:
     """The report over run folders: ``report.md`` and ``report.png`` (when there is something to plot) in ``out``,
     the tables on the console (unless ``quiet``), and ``pk_<dataset>.md`` per offline P_K benchmark dataset
@@ -364,23 +412,42 @@ def write_report(paths: Iterable[str | Path], out: str | Path = "outputs/report"
         a section of their own in ``report.md`` and on the console.
 
     Raises:
-        FileNotFoundError / ValueError: see :func:`collect`.
+        FileNotFoundError / ValueError: see :func:`collect`; ValueError also when no record has a metric starting
+            with ``metric_prefix`` (a misspelt prefix: the message lists those the records have; for the default
+            ``test/``, runs that were not tested, a warning).
+        OSError: a file of ``out`` cannot be written (the message names it; no partial file is left).
     """
     from diffrank.experiments.analysis.report_pk import reports
 
+    paths = list(paths)
     found = find_records_with_files(paths)
+    if not found:
+        print(f"warning: no run record (results.json or *{SUFFIX} archive) under {' '.join(map(str, paths))}",
+              file=sys.stderr)
+    names = {k for _, rec, _ in found for k in rec.metrics}
+    if names and not any(k.startswith(metric_prefix) for k in names):
+        prefixes = sorted({k.split("/", 1)[0] + "/" for k in names if "/" in k})
+        why = (f"no record has a metric starting with --metric-prefix {metric_prefix!r}; theirs start with "
+               f"{', '.join(prefixes) or '(no prefix)'} (e.g. {min(names)})")
+        if metric_prefix != DEFAULT_PREFIX:  # a misspelt prefix: every line of every table would be empty
+            raise ValueError(why)
+        # runs that were not tested: said, and their own section shows every metric they have
+        print(f"warning: {why}: the paper tables have no values", file=sys.stderr)
     records = [(path, rec) for path, rec, _ in found]
     result = collect_runs(records, metric_prefix, copies=True)
     result["others"] = other_runs(found, metric_prefix)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.md").write_text(markdown(result))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _named(e, out) from e
+    write_text(out / "report.md", markdown(result))
     png = plot(result, out / "report.png")
     if not quiet:
         print_console(result)
     # benchmarks on other datasets than the paper's (no paper key): our P_K x method grid beside the paper's
     for dataset, text in reports(records).items():
-        (out / f"pk_{dataset}.md").write_text(f"```\n{text}\n```\n")
+        write_text(out / f"pk_{dataset}.md", f"```\n{text}\n```\n")
         if not quiet:
             print(text)
     print(f"report: {out / 'report.md'}" + (f", plot: {png}" if png else ""))
@@ -389,16 +456,25 @@ def write_report(paths: Iterable[str | Path], out: str | Path = "outputs/report"
 
 def main(argv: list[str] | None = None) -> None:
     """Command line of :func:`write_report`
-    (``python -m diffrank.experiments.analysis.report RUN_DIR... [--out DIR]``)."""
+    (``python -m diffrank.experiments.analysis.report RUN_DIR... [--out DIR]``).
+
+    Raises:
+        SystemExit: status 1 with ``error: <why>`` for a missing path, a malformed archive, a metric prefix no
+            record has or a file that cannot be written (status 2: bad arguments).
+    """
     ap = argparse.ArgumentParser(prog="python -m diffrank.experiments.analysis.report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("paths", nargs="+",
                     help="run folders (searched recursively for results.json and *.jsonl.gz run archives) or files")
     ap.add_argument("--out", default="outputs/report", help="folder for report.md and report.png")
-    ap.add_argument("--metric-prefix", default="test/", help="our metrics are <prefix><metric> (default test/)")
+    ap.add_argument("--metric-prefix", default=DEFAULT_PREFIX,
+                    help=f"our metrics are <prefix><metric> (default {DEFAULT_PREFIX})")
     ap.add_argument("--quiet", action="store_true", help="do not print the tables")
     a = ap.parse_args(argv)
-    write_report(a.paths, a.out, a.metric_prefix, a.quiet)
+    try:
+        write_report(a.paths, a.out, a.metric_prefix, a.quiet)
+    except (OSError, ValueError) as e:  # FileNotFoundError included: say what is wrong, no traceback
+        raise SystemExit(f"error: {e}") from None
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from typing import Any
 from diffrank import reference
 from diffrank.experiments.records.archive import find_records
 from diffrank.experiments.records.paper_rows import canonical_pk
-from diffrank.experiments.records.record import RunRecord
+from diffrank.experiments.records.record import RunRecord, write_atomic
 
 PAPER = "petersen_difftopk_icml2022"
 PK_ORDER = ("[1,0,0,0,0]", "[0,0,0,0,1]", "[.5,0,0,0,.5]", "[.25,0,0,0,.75]", "[.1,0,0,0,.9]", "[.2,.2,.2,.2,.2]")
@@ -305,23 +305,29 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     ``{dataset: text}``.
 
     Raises:
-        SystemExit: no benchmark run under the given paths.
+        SystemExit: status 1 with ``error: <why>`` for a missing path, a malformed archive or a file that cannot be
+            written; with a message when no benchmark run is under the given paths.
     """
     ap = argparse.ArgumentParser(prog="python -m diffrank.experiments.analysis.report_pk", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("paths", nargs="+", help="run or sweep folders (searched recursively for results.json)")
     ap.add_argument("--out", default=None, help="also write pk_<dataset>.md into this folder")
     a = ap.parse_args(argv)
-    texts = reports(find_records(a.paths))
+    try:
+        texts = reports(find_records(a.paths))
+    except (OSError, ValueError) as e:  # FileNotFoundError included
+        raise SystemExit(f"error: {e}") from None
     if not texts:
         raise SystemExit(f"no finished benchmark run (results.json whose paper key has a 'benchmark' field) "
                          f"under {a.paths}")
     for ds, text in texts.items():
         print(text, end="\n\n")
         if a.out:
-            out = Path(a.out)
-            out.mkdir(parents=True, exist_ok=True)
-            (out / f"pk_{ds}.md").write_text(f"# P_K x method: {ds}\n\n```\n{text}\n```\n", encoding="utf-8")
+            path = Path(a.out) / f"pk_{ds}.md"
+            try:
+                write_atomic(path, f"# P_K x method: {ds}\n\n```\n{text}\n```\n")
+            except OSError as e:
+                raise SystemExit(f"error: cannot write {path}: {e.strerror or e}") from None
     return texts
 
 

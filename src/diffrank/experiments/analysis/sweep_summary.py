@@ -361,6 +361,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             summary = summarize(d, a.metric, a.mode, write=not a.no_write)
         except FileNotFoundError as e:
             sys.exit(f"error: {e}")
+        except OSError as e:  # a summary file cannot be written (a full or read-only disk)
+            sys.exit(f"error: cannot write the summary files into {d}: {e.strerror or e}")
         if not summary["rows"]:
             sys.exit(f"error: {d} holds no job folder (.hydra/overrides.yaml or results.json)")
         print(format_report(summary))

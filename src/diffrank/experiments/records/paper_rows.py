@@ -23,7 +23,8 @@ from diffrank.experiments.records.record import RunRecord
 
 # the columns that identify a reference row to a reader; shown when they vary inside a table
 SIGNIFICANCE = 0.05  # thesis §7.5.1: "significance tests (significance level 0.05)"
-# statuses of runs that did not finish: never pooled with finished ones
+# statuses of runs that did not finish: never pooled with finished ones (nor is any other status but "done": a
+# record's status edited by hand, misspelt or missing is no result either)
 NOT_RESULTS = ("diverged", "interrupted", "failed")
 LABEL_COLUMNS = ("dataset", "model", "method", "operator", "sigmoid", "network", "n", "pk", "m", "setting")
 
@@ -61,7 +62,11 @@ def collect_runs(records: Iterable[tuple[str | Path, RunRecord]], metric_prefix:
     """Match run records to the reference rows (what :func:`collect` does after reading the files; a finishing
     run calls it on its own record to log the comparison to W&B).
 
-    Diverged, interrupted and failed runs (:data:`NOT_RESULTS`) never count: they are listed under ``not_done``.
+    Only finished runs (``status`` ``"done"``) count: diverged, interrupted and failed runs (:data:`NOT_RESULTS`),
+    and any other status (``"incomplete"``, a status missing or misspelt), are listed under ``not_done``. A run
+    that cannot be told apart from its line's others is left out, named under ``left_out`` (and on stderr): a
+    record without its ``config`` among records with one (its β, config hash and seed cannot be checked), and a
+    run without ``operator.beta`` among runs with one (:func:`select_beta` would count it as another β).
     Runs are pooled (as seeds) when they share the reference row (:attr:`RunRecord.table_row`), the command-line
     changes to the row's config (:attr:`~RunRecord.variant`: a run with another learning rate is a variant of the
     row, never the row), the data (:attr:`~RunRecord.data_kind`: generated or swapped-in data never pools with the
@@ -78,25 +83,28 @@ def collect_runs(records: Iterable[tuple[str | Path, RunRecord]], metric_prefix:
             W&B comparison does not).
 
     Returns:
-        The same dict as :func:`collect`, with ``not_done`` (``[(path, status)]``); a line also has ``variant``,
+        The same dict as :func:`collect`, with ``not_done`` (``[(path, status)]``) and ``left_out``
+        (``[(path, reason)]``); a line also has ``variant``,
         ``codes`` (the code versions of its runs) and ``duplicates``; a copied row's line has ``copy_of``
         (``"<paper> Table <table>"``).
     """
     groups: dict[tuple, list[tuple[Path, RunRecord]]] = defaultdict(list)
-    unmatched, not_done, skipped, runs = [], [], 0, 0
+    unmatched, not_done, left_out, skipped, runs = [], [], [], 0, 0
     for path, rec in records:
         row = rec.table_row
         if row is None:  # no paper key, an older variant run, or a benchmark cell (report_pk's)
             skipped += 1
             continue
-        if rec.status in NOT_RESULTS:  # a diverged or interrupted run is no result
-            not_done.append((str(path), rec.status))
+        if rec.status != "done":  # a diverged, interrupted or failed run is no result; nor is an unknown status
+            not_done.append((str(path), str(rec.status)))
             continue
         runs += 1
         groups[(_key(row), rec.data_kind, rec.budget, rec.tikhonov, rec.device_kind, rec.variant)].append(
             (Path(path), rec))
     tables: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for (key, data, budget, tikhonov, device, variant), members in groups.items():
+        members, unknown = _without_unknowns(members)
+        left_out += unknown
         members, duplicates = _one_per_config(members)
         try:
             rows = reference.match(dict(key))
@@ -132,8 +140,27 @@ def collect_runs(records: Iterable[tuple[str | Path, RunRecord]], metric_prefix:
     for lines in tables.values():
         lines.sort(key=lambda ln: tuple(_sort_value(ln["row"].get(c, "")) for c in (*LABEL_COLUMNS, "metric")))
         significance(lines)
-    return {"tables": dict(sorted(tables.items())), "unmatched": unmatched, "skipped": skipped, "runs": runs,
-            "not_done": not_done}
+    for path, why in left_out:
+        print(f"warning: {path}: {why}; left out of its line", file=sys.stderr)
+    return {"tables": dict(sorted(tables.items())), "unmatched": unmatched, "skipped": skipped,
+            "runs": runs - len(left_out), "not_done": not_done, "left_out": left_out}
+
+
+def _without_unknowns(members: list[tuple[Path, RunRecord]]) -> tuple[list[tuple[Path, RunRecord]],
+                                                                      list[tuple[str, str]]]:
+    """The runs of one line that can be told apart, and ``(path, reason)`` for those left out: a record without
+    its ``config`` when another has one (nothing says its β, config hash or seed: it would be pooled as another
+    run, or counted as another β), then a run without ``operator.beta`` when another has one."""
+    left: list[tuple[str, str]] = []
+    if any(r.config for _, r in members) and not all(r.config for _, r in members):
+        left += [(str(p), "no config recorded (its β, settings and seed cannot be checked against its line's "
+                          "other runs)") for p, r in members if not r.config]
+        members = [(p, r) for p, r in members if r.config]
+    if any(r.beta is not None for _, r in members) and any(r.beta is None for _, r in members):
+        left += [(str(p), "no numeric operator.beta in its config (its line's other runs have one)")
+                 for p, r in members if r.beta is None]
+        members = [(p, r) for p, r in members if r.beta is not None]
+    return members, left
 
 
 def _one_per_config(members: list[tuple[Path, RunRecord]]) -> tuple[list[tuple[Path, RunRecord]], int]:

@@ -16,7 +16,10 @@ with other overrides, e.g. another ``-- model.optimizer.lr``, is not this job's)
 that a live run holds (its lock) is left alone. Jobs start in the order given, ``--slots`` at a time; each job's output
 goes to ``<folder>/stdout.log``. SIGTERM / SIGINT to the runner are passed to its jobs (each records itself as
 interrupted), and the runner exits with 128 + the signal. The first job's config is composed before anything
-starts, so a typo in the experiment or an override fails at once.
+starts, so a typo in the experiment or an override fails at once; so do two jobs in one folder (a seed or grid value
+given twice; a ``/`` in a grid value is a ``_`` in the folder name) and a grid key the runner sets per job or the
+overrides after ``--`` set again (``--grid seed=…``: the seeds are ``--seeds``). When a job failed, the runner
+names its last error line and exits with status 1.
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ from typing import Any
 
 from diffrank.experiments.records.folder import FINAL, FolderState, folder_state, job_overrides
 from diffrank.experiments.run.resolvers import split_top_level
+
+# the keys the runner sets for each job itself (why): never a --grid axis nor an override after --
+PER_JOB_KEYS = {"seed": "--seeds", "experiment": "the experiments named on the command line",
+                "hydra.run.dir": "the job's folder under --out", "ckpt_path": "the job folder's last checkpoint"}
 
 
 @dataclass
@@ -75,26 +82,74 @@ class Job:
                 f"hydra.run.dir={self.folder}", *resume]
 
 
+def _key(override: str) -> str:
+    """The config key an override sets (``+a.b=1`` → ``a.b``)."""
+    return override.split("=", 1)[0].lstrip("+~").strip()
+
+
+def _folder_part(value: str) -> str:
+    """A grid value as part of a job folder's name: one path component (a ``/`` in a path value would make
+    folders inside folders, and a trailing one another folder for the same path)."""
+    return re.sub(r"/+", "_", value.strip().strip("/")) or "_"
+
+
 def jobs(experiment: str, seeds: list[int], grid: list[str], extra: list[str], out: Path) -> list[Job]:
     """The jobs of a cell: every combination of the ``grid`` values (``key=v1,v2``) × ``seeds``, in that order.
 
     Raises:
-        ValueError: a grid entry without ``=`` or without values.
+        ValueError: a grid entry without ``=``, key or values; a grid key that the jobs set themselves
+            (:data:`PER_JOB_KEYS`: ``seed`` is ``--seeds``), twice, or again in ``extra`` (the later override would
+            win in every job: the grid's jobs would all run the same); two jobs with one folder (a seed or grid
+            value given twice; the message names them).
     """
-    axes = []
+    axes, keys = [], set()
     for entry in grid:
         key, sep, values = entry.partition("=")
-        if not sep or not values:
+        if not sep or not values or not _key(key):
             raise ValueError(f"--grid takes key=v1,v2,…; got '{entry}'")
+        if _key(key) in PER_JOB_KEYS:
+            raise ValueError(f"--grid {entry}: {_key(key)} is set for each job by the runner "
+                             f"({PER_JOB_KEYS[_key(key)]}), not a grid axis")
+        if _key(key) in keys:
+            raise ValueError(f"--grid {entry}: {_key(key)} is already a grid axis (give its values in one --grid)")
+        keys.add(_key(key))
         axes.append([(key, v) for v in split_values(values)])
+    for override in extra:
+        if _key(override) in PER_JOB_KEYS or _key(override) in keys:
+            what = PER_JOB_KEYS.get(_key(override), "a --grid axis")
+            raise ValueError(f"override '{override}' after --: {_key(override)} is set for each job ({what}); "
+                             "given again it would override every job's value")
     out_jobs = []
     for combo in itertools.product(*axes):
-        name = "_".join(f"{k.rsplit('.', 1)[-1]}{v}" for k, v in combo)
+        name = "_".join(f"{k.rsplit('.', 1)[-1]}{_folder_part(v)}" for k, v in combo)
         for seed in seeds:
             folder = out / experiment / (f"{name}_seed{seed}" if name else f"seed{seed}")
             overrides = [f"experiment={experiment}", *(f"{k}={v}" for k, v in combo), f"seed={seed}", *extra]
             out_jobs.append(Job(folder, overrides))
+    check_folders(out_jobs)
     return out_jobs
+
+
+def check_folders(queue: list[Job]) -> None:
+    """Refuse a queue in which two jobs share a folder, or one job's folder is inside another's (each would be
+    refused by the other's lock, or resume the other's run).
+
+    Raises:
+        ValueError: naming both jobs' overrides and the folder.
+    """
+    seen: dict[Path, Job] = {}
+    for job in queue:
+        folder = Path(os.path.normpath(job.folder))
+        if folder in seen:
+            other = seen[folder]
+            raise ValueError(f"two jobs would run in one folder {job.folder}: '{' '.join(other.overrides)}' and "
+                             f"'{' '.join(job.overrides)}' (a seed, grid value or experiment given twice?)")
+        seen[folder] = job
+    for folder, job in seen.items():
+        for parent in folder.parents:
+            if parent in seen:
+                raise ValueError(f"job folder {job.folder} is inside job folder {seen[parent].folder}: "
+                                 f"'{' '.join(job.overrides)}' and '{' '.join(seen[parent].overrides)}'")
 
 
 def split_values(values: str) -> list[str]:
@@ -117,12 +172,14 @@ def parse_seeds(text: str) -> list[int]:
     """``"0,1,2"`` → ``[0, 1, 2]``; ``"0-4"`` is not accepted (say each seed).
 
     Raises:
-        ValueError: a seed that is not an integer (the message names it).
+        ValueError: a seed that is not an integer, or one given twice (the message names it).
     """
     seeds = []
     for part in text.split(","):
         if not re.fullmatch(r"\s*-?\d+\s*", part):
             raise ValueError(f"--seeds takes comma-separated integers (0,1,2); '{part}' is not one")
+        if int(part) in seeds:
+            raise ValueError(f"--seeds {text}: seed {int(part)} is given twice (its two jobs would share a folder)")
         seeds.append(int(part))
     return seeds
 
@@ -157,16 +214,42 @@ class _Stop(Exception):
         self.signum = signum
 
 
-def run_queue(queue: list[Job], slots: int, threads: int, poll_s: float = 10.0) -> dict[str, int]:
+def last_error(log: Path) -> str:
+    """The line of a job's ``stdout.log`` that says why it failed: the exception line ending its last traceback
+    (``ValueError: …``, ``diffrank….FolderBusy: …``), else its last line naming an error, else its last line that
+    is not Hydra's ``HYDRA_FULL_ERROR`` hint; ``""`` for an empty or unreadable log."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+            lines = [ln.rstrip() for ln in f.read().decode("utf-8", "replace").splitlines()]
+    except OSError:
+        return ""
+    found = ""
+    for i, line in enumerate(lines):
+        if line.startswith("Traceback (most recent call last)"):
+            found = next((ln for ln in lines[i + 1:] if ln and not ln[0].isspace()), found)
+    lines = [ln.strip() for ln in lines if ln.strip() and "HYDRA_FULL_ERROR" not in ln]
+    errors = [ln for ln in lines if re.match(r"[\w.]*(error|exception)\b", ln, re.IGNORECASE)]
+    return (found or (errors or lines or [""])[-1])[:300]
+
+
+def run_queue(queue: list[Job], slots: int, threads: int, poll_s: float = 10.0,
+              failures: list[tuple[Path, str]] | None = None) -> dict[str, int]:
     """Run the unfinished jobs of ``queue``, ``slots`` at a time, each with ``threads`` intra-op threads
     (``OMP_NUM_THREADS``). A job whose folder a live run holds is not started (``live``). SIGTERM / SIGINT to this
     process are passed to the running jobs, which are waited for (each writes its ``interrupted`` record); then
-    this process exits with 128 + the signal.
+    this process exits with 128 + the signal. A failed job's line names its last error (:func:`last_error`), also
+    appended to ``failures`` (``(folder, line)``) when given.
 
     Returns:
         Counts: ``skipped`` (already done), ``live`` (held by a running process), ``other`` (holding a finished
         run of other overrides: :meth:`Job.label`), ``finished``, ``failed``.
+
+    Raises:
+        ValueError: ``slots`` or ``threads`` below 1 (no job could ever start).
     """
+    if slots < 1 or threads < 1:
+        raise ValueError(f"slots and threads are at least 1, got slots={slots}, threads={threads}")
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     states = {id(j): j.label() for j in queue}
     todo = [j for j in queue if states[id(j)] in ("new", "resume")]
@@ -202,8 +285,11 @@ def run_queue(queue: list[Job], slots: int, threads: int, poll_s: float = 10.0) 
                 running.remove((job, proc))
                 ok = proc.returncode == 0 and job.state.action == "done"
                 counts["finished" if ok else "failed"] += 1
+                why = "" if ok else last_error(job.folder / "stdout.log")
+                if not ok and failures is not None:
+                    failures.append((job.folder, why))
                 print(f"[{time.strftime('%H:%M:%S')}] {'done' if ok else f'FAILED (rc {proc.returncode})'}: "
-                      f"{job.folder}", flush=True)
+                      f"{job.folder}" + (f": {why}" if why else ""), flush=True)
     except _Stop as e:
         for s in old:  # a second signal while the jobs stop does not leave them behind
             signal.signal(s, signal.SIG_IGN)
@@ -224,15 +310,34 @@ def run_queue(queue: list[Job], slots: int, threads: int, poll_s: float = 10.0) 
     return counts
 
 
+def _at_least_one(text: str) -> int:
+    """An argparse type: an integer >= 1 (``--slots``, ``--threads``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"an integer >= 1, got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"at least 1, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> dict[str, int]:
-    """Command line: run (or continue) the seeds of one or more cells; see the module docstring."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """Command line: run (or continue) the seeds of one or more cells; see the module docstring.
+
+    Raises:
+        SystemExit: status 2 for bad arguments (a seed or grid value given twice, a grid key the jobs set, slots or
+            threads below 1); status 1 after the queue when a job failed (each failed job's last error line is
+            printed); 128 + the signal when stopped.
+    """
+    ap = argparse.ArgumentParser(prog="python -m diffrank.experiments.tools.cells", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("experiments", nargs="+", metavar="experiment",
                     help="experiment configs, e.g. sorting/thesis_t3_5/bitonic_lambda04_n32_b4 (one queue)")
     ap.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     ap.add_argument("--grid", action="append", default=[], help="key=v1,v2 (repeatable): values crossed with seeds")
-    ap.add_argument("--slots", type=int, default=max(1, os.cpu_count() or 1), help="jobs at a time (default: cores)")
-    ap.add_argument("--threads", type=int, default=1, help="threads per job (default 1)")
+    ap.add_argument("--slots", type=_at_least_one, default=max(1, os.cpu_count() or 1),
+                    help="jobs at a time (default: cores)")
+    ap.add_argument("--threads", type=_at_least_one, default=1, help="threads per job (default 1)")
     ap.add_argument("--out", type=Path, default=Path("outputs/cells"), help="root of the job folders")
     ap.add_argument("--dry-run", action="store_true", help="print the jobs and their state, run nothing")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -242,6 +347,7 @@ def main(argv: list[str] | None = None) -> dict[str, int]:
     try:
         seeds = parse_seeds(a.seeds)
         per_experiment = [jobs(experiment, seeds, a.grid, overrides, a.out) for experiment in a.experiments]
+        check_folders([job for js in per_experiment for job in js])  # an experiment named twice
         if not a.dry_run:  # a typo in any experiment fails here, before a job starts
             for first in (js[0] for js in per_experiment if js):
                 check_composes(first)
@@ -252,10 +358,15 @@ def main(argv: list[str] | None = None) -> dict[str, int]:
         for j in queue:
             print(f"{j.label():7s} {j.folder}  {' '.join(j.overrides)}")
         return {"jobs": len(queue)}
-    counts = run_queue(queue, a.slots, a.threads)
+    failures: list[tuple[Path, str]] = []
+    counts = run_queue(queue, a.slots, a.threads, failures=failures)
     print(f"{counts['finished']} finished, {counts['failed']} failed, {counts['skipped']} were already done"
           + (f", {counts['live']} held by live runs" if counts["live"] else "")
           + (f", {counts['other']} folders hold runs of other overrides (left alone)" if counts["other"] else ""))
+    if failures:
+        for folder, why in failures:
+            print(f"failed: {folder / 'stdout.log'}: {why or '(no output)'}", file=sys.stderr)
+        raise SystemExit(1)
     return counts
 
 
