@@ -3,6 +3,8 @@ that cannot train are refused before a run starts, each naming the key and the f
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from diffrank.experiments.run.train import train
@@ -62,3 +64,22 @@ def test_an_empty_validation_split_is_refused(compose_train):
     """`data.n_val=0` raised "IndexError: arrays used as indices must be of integer (or boolean) type"."""
     with pytest.raises(ValueError, match=r"data.n_val=0: every split needs at least one pair"):
         train(compose_train([*SMALL, "data.n_val=0"]))
+
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.mark.parametrize("group, path", [(p.parent.name, p) for group in ("pk", "operator")
+                                         for p in sorted((CONFIGS / group).glob("*.yaml"))],
+                         ids=lambda v: v.stem if isinstance(v, Path) else v)
+def test_every_pk_and_operator_option_builds(group, path):
+    """Every option of the ``pk`` and ``operator`` groups is instantiated, not only composed: a P_K whose weights
+    do not sum to 1, or an operator setting its class refuses, fails here (composing alone checks neither)."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from diffrank.losses.pk import PK
+    from diffrank.operators.base import RankingOperator
+
+    built = instantiate(OmegaConf.load(path))
+    assert isinstance(built, PK if group == "pk" else RankingOperator), f"{path.name} built {type(built).__name__}"
