@@ -11,7 +11,8 @@ require_experiments("python train.py")  # without the experiments extra: its ins
 import hydra  # noqa: E402
 
 from diffrank.experiments.run.resolvers import register_resolvers  # noqa: E402
-from diffrank.experiments.run.train import exit_after_stop, run  # noqa: E402
+from diffrank.experiments.run.stops import exit_after_stop  # noqa: E402
+from diffrank.experiments.run.train import run  # noqa: E402
 
 register_resolvers()  # ${beta_grid:…}, ${project_root:}, ${hydra_any:…} must exist before Hydra composes
 exit_after_stop()  # a second kill / Ctrl-C while a run stops leaves the exit status that of the first

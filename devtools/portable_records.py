@@ -9,7 +9,7 @@ absolute path with neither component is an error: it would need a rule of its ow
 
 Only the JSON string of each rewritten path changes; every other byte of a file stays, so a fixture keeps its
 layout and an archive keeps its line order (sorted by run folder, which cutting a common prefix keeps) and stays
-byte-identical when rewritten twice (gzip with a zero timestamp, as ``diffrank.experiments.archive`` writes it).
+byte-identical when rewritten twice (gzip with a zero timestamp, as ``diffrank.experiments.records.archive`` writes it).
 
     python -m devtools.portable_records results/*.jsonl.gz tests/experiments/records/*.json   # rewrite in place
     python -m devtools.portable_records --check results tests                                 # exit 1 if any remain

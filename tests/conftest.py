@@ -2,7 +2,8 @@
 
 The library's tests (tests/operators, tests/losses, tests/test_functional.py, tests/kernels) collect and run with
 the library's dependencies alone: nothing here imports the experiment framework (Hydra, OmegaConf, Lightning) at
-module level; :func:`make_compose` imports it when a framework test asks for a config.
+module level; :func:`_make_compose` imports it when a framework test asks for a config. The plain helpers that tests
+use while pytest collects (paths, config option names, the real-data marker) are in ``tests/helpers.py``.
 """
 
 from __future__ import annotations
@@ -13,40 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import CONFIGS
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 if not torch.cuda.is_available():  # Triton kernels run on CPU tensors through the interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")
-
-ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ROOT / "configs"
-# real data sets (MNIST/raw/, …) for the tests that need them, the folder the configs read (paths.data_dir);
-# those tests skip without it
-DATA = Path(os.environ["DIFFRANK_DATA"]) if os.environ.get("DIFFRANK_DATA") else None
-
-
-def real_data(*parts: str):
-    """``skipif`` marker of a test that needs ``$DIFFRANK_DATA/<parts>`` (a folder of a real data set)."""
-    return pytest.mark.skipif(DATA is None or not DATA.joinpath(*parts).is_dir(),
-                              reason=f"needs $DIFFRANK_DATA/{'/'.join(parts)} (a real data set)")
-
-
-def load_deterministic(name: str, **overrides):
-    """``diffrank.operators.load(name, **overrides)`` in evaluation mode, for the registry-driven tests that call an
-    operator several times and compare (contract, fuzz matrix, gradcheck): a stochastic operator
-    (``gumbel_sinkhorn``, ``neuralsort_stochastic``) draws its noise only in training mode, so it is its noiseless
-    relaxation here; every other operator ignores the mode (tests/operators/test_stochastic.py checks both)."""
-    from diffrank.operators import load
-
-    return load(name, **overrides).eval()
-
-
-def options(group: str) -> list[str]:
-    """Option names of a config group, found recursively (the config folder is the registry):
-    ``options("experiment")`` holds ``sorting/mnist``, ``sorting/thesis_t3_7/odd_even_cauchy_n5``, …"""
-    root = CONFIGS / group
-    return sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.yaml"))
 
 
 @pytest.fixture(autouse=True)
@@ -55,7 +29,7 @@ def _threads():
     yield
 
 
-def make_compose(tmp_path):
+def _make_compose(tmp_path):
     """``compose(overrides, fast=True) -> cfg``: configs/train.yaml shrunk for tests, output in ``tmp_path``.
 
     Sets ``HydraConfig`` so that ``${hydra:…}`` interpolations resolve, as ``train.py`` would.
@@ -91,13 +65,41 @@ def make_compose(tmp_path):
     return _compose
 
 
+@pytest.fixture(scope="session")
+def make_compose():
+    """``make_compose(folder) -> compose``: :func:`_make_compose`, for a fixture of a wider scope than a test (one
+    training run a module's tests share) that has no ``tmp_path``."""
+    return _make_compose
+
+
 @pytest.fixture
 def compose_train(tmp_path):
-    """:func:`make_compose` in the test's ``tmp_path``."""
+    """:func:`_make_compose` in the test's ``tmp_path``."""
     from hydra.core.global_hydra import GlobalHydra
 
-    yield make_compose(tmp_path)
+    yield _make_compose(tmp_path)
     GlobalHydra.instance().clear()
+
+
+# 4 steps of 64 per epoch, validation and test on 128 images: a digits100 run of an epoch or two takes a few seconds
+TINY_RUN = ["data.n_train=256", "data.n_val=128", "data.n_test=128", "data.batch_size=64",
+            "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "~logger",
+            "extras.keep_freed_memory=false", "~callbacks.run_time_estimate", "~callbacks.throughput"]
+
+
+@pytest.fixture
+def tiny_run(compose_train):
+    """``tiny_run(out, overrides) -> cfg``: the default run on digits100 at a few steps (no logger, no progress
+    bar, no throughput or run-time callbacks) with its output folder ``out``, for ``train`` / ``run`` (CPU)."""
+    from omegaconf import open_dict
+
+    def _cfg(out: Path, overrides=()):
+        cfg = compose_train([*TINY_RUN, *overrides], fast=False)
+        with open_dict(cfg):
+            cfg.paths.output_dir = str(out)
+        return cfg
+
+    return _cfg
 
 
 def pytest_collection_modifyitems(config, items):

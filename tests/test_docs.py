@@ -1,4 +1,4 @@
-"""The docs are tests (issue 43): every fenced ``bash`` and ``python`` block of README.md, CONTRIBUTING.md and
+"""The docs are tests: every fenced ``bash`` and ``python`` block of README.md, CONTRIBUTING.md and
 docs/**/*.md runs as written, one pytest test per block (``docs/sweeps.md:22``), through Sybil's Markdown parsers.
 
 - A ``python`` block runs in the page's namespace (Sybil's: the blocks of a page share their names, in order; an

@@ -9,7 +9,11 @@ Read over every git-tracked ``*.md`` file and the docstrings and comments of eve
 - no ratio without a direction: ``0.10x torchsort's`` may be a time or a speed, so a number followed by ``x`` / ``×``
   and a word must say what it compares (``10× faster than``, ``3.2× the time of``, ``4x less``). A ratio closing a
   sentence or a table cell (``| 15.5× |`` under a "speed-up" header, ``(1.63×)`` after its comparison) is not
-  matched.
+  matched;
+- no number of the project's issues (the word followed by a number, after a space, ``-`` or ``_``), here and in
+  the paths, names, docstrings and comments of every tracked ``tests/**/*.py``, and no test named for a case
+  number (``test_case2_…``): a text or a test says the behaviour, which stays when the issue is closed. Another
+  project's issue is cited with its name and ``#`` (``diffsort issue #7``).
 """
 
 from __future__ import annotations
@@ -46,6 +50,11 @@ DIRECTION = (r"(?:faster|slower|more|less|fewer|larger|smaller|longer|shorter|hi
              r"as (?:many|much|long|large|fast|slow)|the [\w' -]{1,30}? of|(?:that|those) of|"
              r"the (?:time|wall time|memory|compute|cost|error)|speed-?ups?|slow-?downs?)\b")
 RATIO = re.compile(r"(?<![A-Za-z_])\d+(?:\.\d+)?[x×]\s+(?!\**" + DIRECTION + r")[`*'\"]*[^\W\d_]")
+
+# a number of this project's issues; another project's is cited with its name and "#" (diffsort issue #7)
+ISSUE = re.compile(r"(?<![A-Za-z])issues?[ _-]?\d+", re.IGNORECASE)
+# a test named for the case of an issue, not for its behaviour
+CASE_NAME = re.compile(r"^test_(?:\w*_)?case_?\d+", re.IGNORECASE)
 
 # (file, an exact excerpt of the matched line) that a rule above matches but that is not what it is about
 EXCEPTIONS: set[tuple[str, str]] = set()
@@ -84,9 +93,22 @@ def _texts() -> list[tuple[str, int, str]]:
     return texts
 
 
-def _findings(patterns: list[re.Pattern]) -> list[str]:
+@functools.lru_cache(maxsize=1)
+def _test_texts() -> list[tuple[str, int, str]]:
+    """(file, line, text) of every tracked ``tests/**/*.py``: its path, its docstrings and comments, and the names of
+    its functions and classes (string literals are left out: the patterns' own examples are literals)."""
+    texts = []
+    for p in _tracked("tests/*.py"):
+        name = p.relative_to(ROOT).as_posix()
+        texts += [(name, 1, name), *((name, line, text) for line, text in _python_text(p))]
+        texts += [(name, node.lineno, node.name) for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+                  if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    return texts
+
+
+def _findings(patterns: list[re.Pattern], texts=None) -> list[str]:
     found = []
-    for name, first, text in _texts():
+    for name, first, text in _texts() if texts is None else texts:
         for pattern in patterns:
             for m in pattern.finditer(text):
                 line = first + text.count("\n", 0, m.start())
@@ -110,6 +132,35 @@ def test_no_development_machine_paths():
 def test_no_words_about_the_writing():
     found = _findings(CIRCUMSTANCES)
     assert not found, "text about the circumstances of writing, not the project:\n" + "\n".join(found)
+
+
+def test_no_issue_numbers():
+    """Docs, README, CONTRIBUTING, the library's docstrings and comments, and the tests say the behaviour, not the
+    issue that asked for it; no test is named for a case number."""
+    found = _findings([ISSUE], _texts() + _test_texts()) + _findings([CASE_NAME], _test_texts())
+    assert not found, "issue numbers or case numbers (say the behaviour instead):\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(("text", "bad"), [
+    ("Issue 37: dim=1.0 raised", True),
+    ("the front door (issue-43)", True),
+    ("tests/experiments/test_issue37_runs.py", True),
+    ("issues 25 and 28", True),
+    ("diffsort issue #7", False),
+    ("the issue's symptom, 37 runs", False),
+])
+def test_issue_pattern(text, bad):
+    assert bool(ISSUE.search(text)) is bad
+
+
+@pytest.mark.parametrize(("name", "bad"), [
+    ("test_case2_new_run_is_refused", True),
+    ("test_case_12_sigterm", True),
+    ("test_a_new_run_into_a_finished_folder_is_refused", False),
+    ("test_lowercase_labels", False),
+])
+def test_case_name_pattern(name, bad):
+    assert bool(CASE_NAME.search(name)) is bad
 
 
 def test_every_ratio_has_a_direction():

@@ -1,5 +1,5 @@
-"""Without the ``experiments`` extra, ``diffrank-train`` and ``python train.py`` end with the commands that install it
-(issue 43), not with a bare ``No module named 'hydra'``.
+"""Without the ``experiments`` extra, ``diffrank-train`` and ``python train.py`` end with the commands that install it,
+not with a bare ``No module named 'hydra'``.
 
 They run in the library-only environment of ``devtools/library_env.py`` (the library's dependency closure, where
 the framework's modules are really absent), and once in this environment with one module of the extra that the
@@ -15,8 +15,8 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT
 from devtools.library_env import build
+from helpers import ROOT
 
 INSTALL = ('pip install "diffrank[experiments]"', 'pip install -e ".[experiments]"')
 

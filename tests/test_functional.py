@@ -8,12 +8,12 @@ import torch
 from torch.autograd import gradcheck
 
 import diffrank.functional as F
-from conftest import load_deterministic as load  # stochastic operators without noise (conftest)
 from diffrank.operators import available
 from diffrank.operators.base import PERMUTATION, SOFT_RANK, SOFT_SORT, TOPK_MEMBERSHIP, RankingOperator
 from diffrank.operators.fast_soft_sort import FastSoftSort
 from diffrank.operators.lapsum import LapSum
 from diffrank.operators.neuralsort import NeuralSort
+from helpers import load_deterministic as load  # stochastic operators without noise (helpers)
 
 F64 = torch.float64
 NAMES = available()
@@ -381,7 +381,7 @@ def test_options_and_cache():
 
 
 def test_per_row_k_of_a_non_lapsum_method_says_it_is_lapsums():
-    """Issue 37: a k per set (a tensor of the batch shape) for NeuralSort said "k must be an integer, got
+    """A k per set (a tensor of the batch shape) for NeuralSort said "k must be an integer, got
     tensor([1])"; it now says per-row k is LapSum's (and a real k too), and LapSum takes it."""
     x = _rand(3, 5)
     with pytest.raises(TypeError, match=r"per-row k \(one k per set\) is LapSum's.*NeuralSort"):
@@ -395,7 +395,7 @@ def test_per_row_k_of_a_non_lapsum_method_says_it_is_lapsums():
 
 
 def test_a_float_dim_is_a_clear_type_error():
-    """Issue 37: dim=1.0 raised "tuple indices must be integers or slices, not float"."""
+    """dim=1.0 raised "tuple indices must be integers or slices, not float"."""
     x = _rand(2, 4)
     for fn in (F.soft_sort, F.soft_rank, F.permutation_matrix):
         with pytest.raises(TypeError, match=r"dim must be an integer .* got 1.0 of type float"):

@@ -40,7 +40,7 @@ def test_cd_ranks_puts_stopped_methods_last():
 
 
 def test_official_lapsum_equals_ours_float64():
-    """Issue 28: values and gradients equal to 1e-8 (float64) on the same inputs; skipped when not built."""
+    """Values and gradients equal to 1e-8 (float64) on the same inputs; skipped when not built."""
     f = official_topk()
     if f is None:
         pytest.skip("official LapSum extension not built (make lapsum-reference)")

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import diffrank.functional as F
-from conftest import load_deterministic as load
 from diffrank.operators import available
+from helpers import load_deterministic as load
 
 SORTING = [name for name in available() if "soft_sort" in load(name).capabilities]
 # Sinkhorn stops at a marginal tolerance, a non-smooth rule: gradchecked with a fixed number of iterations

@@ -1,4 +1,4 @@
-"""The acceptance matrix of issue 35: every method of :mod:`diffrank.functional` (every config of
+"""The torch transforms matrix: every method of :mod:`diffrank.functional` (every config of
 ``diffrank.operators.available()``) × every function it provides (``soft_rank``, ``soft_sort``,
 ``topk_membership``, ``permutation_matrix``) under
 
@@ -26,10 +26,10 @@ import sys
 import pytest
 import torch
 
-from conftest import load_deterministic as load  # stochastic operators without noise (conftest)
 from diffrank import functional as F
 from diffrank.operators import available
 from diffrank.operators.base import DoubleBackwardError
+from helpers import load_deterministic as load  # stochastic operators without noise (helpers)
 
 # the methods whose CPU path is PyTorch operations only: torch.compile(fullgraph=True) must trace them. Not here
 # (docs/api.md, "torch.compile and torch.func"): the numba paths (fast_soft_sort, lapsum, sparse_soft_topk), SOFT

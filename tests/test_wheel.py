@@ -12,7 +12,7 @@ import zipfile
 
 import pytest
 
-from conftest import CONFIGS, ROOT
+from helpers import CONFIGS, ROOT
 
 HEAVY = ("lightning", "pytorch_lightning", "hydra", "omegaconf", "torchmetrics", "wandb", "timm", "datasets",
          "sklearn", "matplotlib")
@@ -124,7 +124,7 @@ def test_wheel_carries_every_tracked_config(wheel_site):
 
 def test_build_prints_no_setuptools_warning(wheel_build):
     """No "Package 'diffrank.configs.…' is absent from the `packages` configuration" per config folder, no
-    ``project.license`` deprecation (issue 43): the build backend's output holds no warning (pip's own
+    ``project.license`` deprecation: the build backend's output holds no warning (pip's own
     ``WARNING:`` lines about the machine's index configuration are not the build's)."""
     _, log = wheel_build
     warnings = [line.strip() for line in log.splitlines()

@@ -284,6 +284,29 @@ def _is_integral(k: numbers.Real | Tensor) -> bool:
     return float(k).is_integer()
 
 
+def _topk_ks(k: int | float | Tensor, batch: tuple[int, ...]) -> Any:
+    """:func:`topk_membership`'s ``k`` as the operator's ``ks``: ``[k]`` for a number or an integer 0-d tensor
+    (read as an int), ``(1,)`` for a real 0-d tensor (one k for every set), ``(B, 1)`` for a tensor of the batch
+    shape (one k per set).
+
+    Raises:
+        ValueError: a tensor on the meta device or of another shape.
+    """
+    if not isinstance(k, Tensor):
+        return [k]
+    if k.is_meta:
+        raise ValueError("k is on the meta device: it has a shape but no values; pass a number or a tensor with "
+                         "values")
+    if k.dim() == 0 and not k.is_floating_point() and not k.is_complex() and k.dtype != torch.bool:
+        return [int(k)]
+    if k.dim() == 0:
+        return k.reshape(1)  # one k for every set: (M = 1,)
+    if tuple(k.shape) == batch:
+        return k.reshape(-1, 1)  # one k per set: (B, M = 1)
+    raise ValueError(f"k must be a number or a tensor of shape () or of the batch shape {batch} (x's shape "
+                     f"without dim), got shape {tuple(k.shape)}")
+
+
 def topk_membership(x: Tensor, k: int | float | Tensor, *, method: str | RankingOperator,
                     beta: float | Tensor | None = None, dim: int = -1, hard: bool = False, **options: Any) -> Tensor:
     """Probability that each item is among the k largest along ``dim``.
@@ -323,22 +346,7 @@ def topk_membership(x: Tensor, k: int | float | Tensor, *, method: str | Ranking
     """
     op = _operator(method, beta, options)
     rows, batch, dim = _rows(x, dim)
-    if isinstance(k, Tensor):
-        if k.is_meta:
-            raise ValueError("k is on the meta device: it has a shape but no values; pass a number or a tensor with "
-                             "values")
-        if k.dim() == 0 and not k.is_floating_point() and not k.is_complex() and k.dtype != torch.bool:
-            ks: Any = [int(k)]
-        elif k.dim() == 0:
-            ks = k.reshape(1)  # one k for every set: (M = 1,)
-        elif tuple(k.shape) == batch:
-            ks = k.reshape(-1, 1)  # one k per set: (B, M = 1)
-        else:
-            raise ValueError(f"k must be a number or a tensor of shape () or of the batch shape {batch} (x's shape "
-                             f"without dim), got shape {tuple(k.shape)}")
-    else:
-        ks = [k]
-    out = op.topk_membership(rows, ks)[:, 0]
+    out = op.topk_membership(rows, _topk_ks(k, batch))[:, 0]
     if hard:
         if not _is_integral(k):
             raise ValueError(f"hard=True needs a whole-number k (the hard top-k of a fractional k is undefined), "

@@ -1,5 +1,5 @@
 """diffrank.compat.torchsort: torchsort's README examples and a few of its properties through the adapter (its
-own tests/test_ops.py is run unchanged from a clone, see the report of issue 35), and parity with torchsort when it
+own tests/test_ops.py also passes unchanged from a clone through the adapter), and parity with torchsort when it
 is installed (``make torchsort``)."""
 
 from __future__ import annotations

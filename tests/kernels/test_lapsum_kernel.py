@@ -141,7 +141,8 @@ def _forbidden(*args, **kwargs):
 
 
 def test_torch_backend_never_calls_triton(monkeypatch):
-    for name in ("lapsum_topk", "lapsum_rank", "lapsum_inverse", "_knots", "_inverse"):
+    for name in ("topk_forward", "topk_backward", "rank_forward", "rank_backward", "inverse_forward",
+                 "inverse_backward", "_knots", "_inverse"):
         monkeypatch.setattr(kmod, name, _forbidden)
     s = _scores(2, 6, seed=6, dtype=torch.float32)
     for op in (LapSum(1.0, backend="torch"), LapSum(1.0, backend="auto")):  # auto on the CPU = PyTorch

@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from diffrank.operators import sorting_network
 from diffrank.operators.networks import build
 from diffrank.operators.sigmoids import SIGMOIDS, swap_slope, swap_weight
-from diffrank.operators.sorting_network import ComparatorNetwork, run_network
+from diffrank.operators.sorting_network import ComparatorNetwork, network_kernel, run_network
 
 pytestmark = pytest.mark.triton
 
@@ -109,7 +110,7 @@ def test_all_sigmoids_as_accurate_as_float32_pytorch(sigmoid):
     for mode, y in (("values", None), ("rows", y0)):
         outs, grads = [], []
         for fn, dtype in ((run_network, torch.float64), (run_network, torch.float32),
-                          (kern.network_kernel, torch.float32)):
+                          (network_kernel, torch.float32)):
             a = x.to(dtype).clone().requires_grad_()
             out = fn(net, a, 2.0, sigmoid, 0.5, mode, None if y is None else y.to(dtype))
             (out * torch.linspace(-1, 1, out.numel(), dtype=dtype).view_as(out)).sum().backward()
@@ -134,13 +135,13 @@ def test_bfloat16_matches_pytorch(network):
 
 def _spy(monkeypatch):
     calls = []
-    real = kern.network_kernel
+    real = sorting_network.network_kernel
 
     def spy(*args, **kwargs):
         calls.append(args[1].shape)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(kern, "network_kernel", spy)
+    monkeypatch.setattr(sorting_network, "network_kernel", spy)
     return calls
 
 
@@ -171,11 +172,11 @@ def test_bad_backend_and_bad_kernel_input_raise():
         ComparatorNetwork(backend="cuda")
     net = build("bitonic", 8)
     with pytest.raises(ValueError, match="float32"):
-        kern.network_kernel(net, torch.randn(2, 8, dtype=torch.float64), 1.0, "cauchy", 0.5)
+        network_kernel(net, torch.randn(2, 8, dtype=torch.float64), 1.0, "cauchy", 0.5)
     with pytest.raises(ValueError, match="float32"):
-        kern.network_kernel(net, torch.randn(2, 7), 1.0, "cauchy", 0.5)
+        network_kernel(net, torch.randn(2, 7), 1.0, "cauchy", 0.5)
     with pytest.raises(ValueError, match="y0"):
-        kern.network_kernel(net, torch.randn(2, 8), 1.0, "cauchy", 0.5, "rows", torch.randn(3, 2, 8))
+        network_kernel(net, torch.randn(2, 8), 1.0, "cauchy", 0.5, "rows", torch.randn(3, 2, 8))
 
 
 @pytest.mark.gpu

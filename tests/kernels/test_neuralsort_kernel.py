@@ -66,7 +66,7 @@ def test_float32_as_accurate_as_pytorch(n, k):
 def test_rows_are_the_streaming_softmax_of_eq5():
     """A property that does not lean on the PyTorch path: each row sums to 1, row r peaks at the r-th largest
     item for a large β, and the kernel reads the row sums it is given (not its own)."""
-    from diffrank.kernels.neuralsort import neuralsort_topk_rows
+    from diffrank.operators.neuralsort import neuralsort_topk_rows
 
     s = torch.tensor([[0.3, -1.2, 2.5, 0.9, -0.1, 1.7, 0.0]], device=DEVICE)
     p = neuralsort_topk_rows(s, abs_diff_row_sums(s), 7, 50.0)
@@ -102,7 +102,7 @@ def test_half_precision_matches_pytorch(dtype, device):
 @ON_DEVICE
 def test_kernel_on_half_inputs_directly(dtype):
     """The kernel itself also takes half inputs (loaded into float32, stored in ``dtype``)."""
-    from diffrank.kernels.neuralsort import neuralsort_topk_rows
+    from diffrank.operators.neuralsort import neuralsort_topk_rows
 
     s = torch.randn(2, 50, generator=torch.Generator().manual_seed(0)).to(DEVICE, dtype)
     a = abs_diff_row_sums(s.float())
@@ -113,7 +113,7 @@ def test_kernel_on_half_inputs_directly(dtype):
 
 
 def test_kernel_rejects_bad_shapes():
-    from diffrank.kernels.neuralsort import neuralsort_topk_rows
+    from diffrank.operators.neuralsort import neuralsort_topk_rows
 
     s = torch.randn(2, 5)
     with pytest.raises(ValueError, match="row_sums"):
@@ -129,6 +129,6 @@ def test_torch_backend_never_calls_triton_on_cpu(backend, monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("the Triton kernel was called")
 
-    monkeypatch.setattr(kernel, "neuralsort_topk_rows", boom)
+    monkeypatch.setattr(kernel, "rows_forward", boom)
     p = NeuralSort(beta=1.0, backend=backend)(torch.randn(2, 7), k=3)
     assert p.shape == (2, 3, 7)

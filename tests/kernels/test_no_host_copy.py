@@ -1,4 +1,4 @@
-"""No method of :mod:`diffrank.functional` moves data to the host on CUDA (issue 39): every operator config, every
+"""No method of :mod:`diffrank.functional` moves data to the host on CUDA: every operator config, every
 method it serves, forward and backward, with the device-to-host transfers recorded at the dispatcher.
 
 A :class:`~torch.utils._python_dispatch.TorchDispatchMode` sees every ATen operation, those the autograd engine

@@ -78,7 +78,7 @@ def test_matches_a_long_float64_sinkhorn_reference():
 
 
 def test_n_one_and_k_equal_n_are_ones_without_the_kernel(monkeypatch):
-    monkeypatch.setattr(kmod, "soft_topk_newton", _forbidden)
+    monkeypatch.setattr(kmod, "newton_forward", _forbidden)
     op = SoftTopK(10.0, backend="triton")
     assert torch.equal(op.topk_membership(torch.randn(2, 1), [1]), torch.ones(2, 1, 1))
     assert torch.equal(op.topk_membership(torch.randn(2, 4), [4]), torch.ones(2, 1, 4))
@@ -103,7 +103,7 @@ def _forbidden(*args, **kwargs):
 
 
 def test_torch_backend_never_calls_triton(monkeypatch):
-    monkeypatch.setattr(kmod, "soft_topk_newton", _forbidden)
+    monkeypatch.setattr(kmod, "newton_forward", _forbidden)
     monkeypatch.setattr(kmod, "_soft_topk_fwd", None)
     s = _scores(2, 6, seed=8, dtype=torch.float32)
     for op in (SoftTopK(10.0, backend="torch"), SoftTopK(10.0, backend="auto"),  # auto on the CPU = PyTorch

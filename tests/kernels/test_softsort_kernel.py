@@ -51,7 +51,7 @@ def test_half_precision_matches_pytorch(dtype, device):
 @ON_DEVICE
 def test_kernel_on_half_inputs_directly(dtype):
     """The kernel itself also takes half inputs (loaded into float32, stored in ``dtype``)."""
-    from diffrank.kernels.softsort import softsort_topk_rows
+    from diffrank.operators.softsort import softsort_topk_rows
 
     s = torch.randn(2, 50, generator=torch.Generator().manual_seed(0)).to(DEVICE, dtype)
     out = softsort_topk_rows(s, 3, 1.0)
@@ -74,6 +74,6 @@ def test_torch_backend_never_calls_triton_on_cpu(backend, monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("the Triton kernel was called")
 
-    monkeypatch.setattr(kernel, "softsort_topk_rows", boom)
+    monkeypatch.setattr(kernel, "rows_forward", boom)
     p = SoftSort(beta=1.0, backend=backend)(torch.randn(2, 7), k=3)
     assert p.shape == (2, 3, 7)

@@ -1,5 +1,5 @@
-"""Hessian Newton losses through the sorting networks (thesis Table 7.3): the fused network's double backward (exact,
-issue 35) and the plain autograd ops of ``twice_differentiable=True`` give the same Hessians, equal to central
+"""Hessian Newton losses through the sorting networks (thesis Table 7.3): the fused network's double backward
+(exact) and the plain autograd ops of ``twice_differentiable=True`` give the same Hessians, equal to central
 differences of the fused network's gradient."""
 
 from __future__ import annotations

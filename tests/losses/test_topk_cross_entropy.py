@@ -147,7 +147,7 @@ def test_operator_without_topk_membership_is_rejected():
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32])
 def test_integer_label_dtypes_are_accepted_as_int64(dtype):
-    """Issue 37: int32 / uint8 labels failed inside gather() or cross_entropy ("expected target dtype to be Long or
+    """int32 / uint8 labels failed inside gather() or cross_entropy ("expected target dtype to be Long or
     Byte"); every integer dtype gives the int64 labels' loss (floating labels stay refused)."""
     from diffrank.losses.newton import NewtonLoss
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 import yaml
 
-from conftest import CONFIGS, options
-from conftest import load_deterministic as load  # stochastic operators without noise (conftest)
 from diffrank.operators.backend import check_backend, use_triton
+from helpers import CONFIGS, options
+from helpers import load_deterministic as load  # stochastic operators without noise (helpers)
 
 WITH_BACKEND = [n for n in options("operator")
                 if "backend" in yaml.safe_load((CONFIGS / "operator" / f"{n}.yaml").read_text(encoding="utf-8"))]

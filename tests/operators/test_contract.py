@@ -15,7 +15,6 @@ import pytest
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
-from conftest import load_deterministic as load  # stochastic operators without noise (conftest)
 from diffrank.operators import available
 from diffrank.operators.base import (
     ALL_CAPABILITIES,
@@ -25,6 +24,7 @@ from diffrank.operators.base import (
     TOPK_MEMBERSHIP,
     RankingOperator,
 )
+from helpers import load_deterministic as load  # stochastic operators without noise (helpers)
 
 NAMES = available()
 CONTRACT_ATTRIBUTES = ("capabilities", "doubly_stochastic", "permutation_equivariant", "hard_beta", "sums_to_k")
@@ -259,7 +259,7 @@ class PlantedSoftRank(RankingOperator):
 
 def test_planted_wrong_soft_rank_gradient_fails(tmp_path, monkeypatch):
     """The planted operator, registered through a config in a temporary config folder, fails the gradcheck of
-    the contract (before issue 36 only P-providing operators were gradchecked: it passed every test)."""
+    the contract (when only P-providing operators were gradchecked, it passed every test)."""
     module = types.ModuleType("diffrank_planted")
     module.PlantedSoftRank = PlantedSoftRank
     monkeypatch.setitem(sys.modules, module.__name__, module)
@@ -342,7 +342,7 @@ def test_integer_like_k_and_non_numeric_beta():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_meta_device_scores_are_named(name):
-    """Issue 25 item 12: meta-device scores ended in torch's "Tensor.item() cannot be called on meta tensors"."""
+    """Meta-device scores ended in torch's "Tensor.item() cannot be called on meta tensors"."""
     op = load(name)
     for _, fn in _calls(op):
         with pytest.raises(ValueError, match="meta device"):

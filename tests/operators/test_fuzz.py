@@ -31,11 +31,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import load_deterministic as load  # stochastic operators without noise (conftest)
 from diffrank.operators import available
 from diffrank.operators.base import PERMUTATION, SOFT_RANK, SOFT_SORT, TOPK_MEMBERSHIP
 from diffrank.operators.fast_soft_sort import FastSoftSort
 from diffrank.operators.lapsum import LapSum
+from helpers import load_deterministic as load  # stochastic operators without noise (helpers)
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 # output tolerance vs the float64 result: a few units of the output dtype's roundoff, and float32 compute slack
@@ -187,7 +187,7 @@ def _case(name: str, capability: str, dtype: torch.dtype, log_beta: float, log_s
                 f"{name}.{capability} {dtype}: {err:.3g} from the hard result at β·gap = {beta * gap:.3g}")
 
 
-# noiseless (as fuzzed, conftest.load_deterministic), Gumbel-Sinkhorn runs SinkhornSort's code on the same cost:
+# noiseless (as fuzzed, helpers.load_deterministic), Gumbel-Sinkhorn runs SinkhornSort's code on the same cost:
 # "sinkhorn" is fuzzed in full, this config's wiring with a quarter of the examples (the Sinkhorn cases are the
 # matrix's slowest)
 EXAMPLES_OPERATOR = {"gumbel_sinkhorn": EXAMPLES // 4}

@@ -12,14 +12,14 @@ import pytest
 import torch
 
 import diffrank.functional as F
-from conftest import ROOT
 from diffrank.operators import available, load, memory
 from diffrank.operators.base import PERMUTATION
-from diffrank.operators.memory import ENV, LOW_MEMORY_METHODS, DenseMemoryError, parse_bytes
+from diffrank.operators.memory import ENV, DenseMemoryError, low_memory_methods, parse_bytes
+from helpers import ROOT
 
 
 def test_neuralsort_soft_rank_of_30000_items_is_refused_under_the_limit(monkeypatch):
-    """Issue 37's command: F.soft_rank(torch.randn(1, 30000), method="neuralsort") under a 2 GB limit was killed by
+    """F.soft_rank(torch.randn(1, 30000), method="neuralsort") under a 2 GB limit was killed by
     the OOM killer (rc 137) with no message; it is refused before allocating, naming sizes, limit and methods."""
     monkeypatch.setenv(ENV, "2G")
     with pytest.raises(DenseMemoryError) as e:
@@ -36,7 +36,7 @@ def test_neuralsort_soft_rank_of_30000_items_is_refused_under_the_limit(monkeypa
 def test_every_dense_path_is_refused_and_the_cheap_ones_are_not(monkeypatch):
     """Every capability that forms rows of P is refused at n = 30 000 under a 1 GiB limit (Sinkhorn even for the top
     k rows: its plan is n x n); a top-k of k = 5 rows of a k-row operator fits; the methods the messages name form
-    no (B, m, n) buffer for that capability (the list in diffrank.operators.memory is checked here)."""
+    no (B, m, n) buffer for that capability (the classes' low_memory flags are checked here)."""
     monkeypatch.setenv(ENV, "1G")
     x = torch.randn(1, 30000)
     assert load("sinkhorn")._dense_rows(PERMUTATION, 30000, 5) == 30000
@@ -49,7 +49,10 @@ def test_every_dense_path_is_refused_and_the_cheap_ones_are_not(monkeypatch):
             (op if method == "forward" else getattr(op, method))(x, *args)
     assert load("softsort")(x, 5).shape == (1, 5, 30000)  # 5 rows of 30 000: 1.1 MB
     ops = {name: load(name) for name in available()}
-    for capability, names in LOW_MEMORY_METHODS.items():
+    low_memory = low_memory_methods()
+    assert low_memory == {"soft_sort": ("fast_soft_sort", "lapsum"), "soft_rank": ("fast_soft_sort", "lapsum"),
+                          "topk_membership": ("dftopk", "lapsum", "soft_topk", "sparse_soft_topk")}
+    for capability, names in low_memory.items():
         for name in names:
             assert capability in ops[name].capabilities, (capability, name)
             assert ops[name]._dense_rows(capability, 30000, [5]) is None, (capability, name)
@@ -98,7 +101,7 @@ def test_on_cuda_the_limit_is_the_free_memory_plus_the_unused_cache(monkeypatch)
 
 @pytest.mark.slow  # ~6 s: a fresh interpreter imports torch
 def test_under_a_ulimit_the_call_is_refused_not_killed():
-    """Issue 37's command in a process whose address space is limited to 2 GiB beyond what it maps (ulimit -v):
+    """The same command in a process whose address space is limited to 2 GiB beyond what it maps (ulimit -v):
     refused with the message. Before, the same call raised torch's bare "can't allocate" (or, under a cgroup limit,
     was OOM-killed)."""
     code = textwrap.dedent("""

@@ -1,9 +1,9 @@
-"""Issue 35 for the networks, relaxed bubble sort, SOFT top-k, sparse soft top-k and DFTopK: exact second
-derivatives (gradgradcheck in float64) or a clear DoubleBackwardError, torch.func (vmap = loop, grad / jacrev =
-autograd), torch.compile with the first call compiled, and a learnable β (gradcheck in β).
+"""The networks, relaxed bubble sort, SOFT top-k, sparse soft top-k and DFTopK under second derivatives and torch
+transforms: exact second derivatives (gradgradcheck in float64) or a clear DoubleBackwardError, torch.func (vmap =
+loop, grad / jacrev = autograd), torch.compile with the first call compiled, and a learnable β (gradcheck in β).
 
 vmap runs the operators' hooks (``_permutation``, ``_topk_membership``, ...): the public methods' host-side finite
-check (operators/base.py) is another part of issue 35."""
+check (operators/base.py) is tested with the public methods."""
 
 from __future__ import annotations
 
@@ -82,7 +82,8 @@ def test_vmap_grad_jacrev(name, cap):
 
 
 def test_hessian_through_topk_membership_is_not_zero_and_equals_differences():
-    """The issue's symptom: autograd.functional.hessian through sparse soft top-k's topk_membership returned zeros."""
+    """autograd.functional.hessian through sparse soft top-k's topk_membership returned zeros; it equals central
+    differences of the gradient."""
     op = SparseSoftTopK(beta=1.0)
     x = _x(1, 6, seed=3)
 
@@ -191,7 +192,7 @@ def test_compile_first_call_equals_eager(name, cap):
 @pytest.mark.parametrize("name,cap", [("dftopk", "topk"), pytest.param("bubble", "soft_rank", marks=SLOW)])
 def test_fullgraph_compile_of_the_pure_torch_hooks(name, cap):
     """DFTopK and relaxed bubble sort are plain torch ops: their hooks compile as one graph (the public methods'
-    host-side check is operators/base.py's part of issue 35)."""
+    host-side check in operators/base.py is left out of the graph)."""
     torch._dynamo.reset()
     op, (_, hook) = _op(name), CAPS[cap]
     x = _x(2, 6, seed=11)

@@ -1,6 +1,7 @@
 """The operator registry is the config folder ``configs/operator/``, and nothing else holds a copy that can drift:
-every class a config targets is exported by ``diffrank.operators``, each class's constructor defaults are the
-values of its canonical config, and the operator tables of the docs are generated from the configs.
+the written-out exports of ``diffrank.operators`` hold every operator class of the package and every class a
+config targets, each class's constructor defaults are the values of its canonical config, and the operator table
+of the docs (docs/operators.md) is generated from the configs and the classes' metadata.
 
 Each check is a function of the current config folder (``DIFFRANK_CONFIG_DIR``), so the planted cases below run
 it on a temporary folder and show that it fails.
@@ -8,6 +9,10 @@ it on a temporary folder and show that it fails.
 
 from __future__ import annotations
 
+import ast
+import importlib
+import inspect
+import pkgutil
 import subprocess
 import sys
 import types
@@ -23,6 +28,7 @@ from diffrank.operators.table import (
     END,
     canonical_configs,
     constructor_defaults,
+    default_files,
     render,
     replace_block,
     stale,
@@ -47,6 +53,25 @@ def export_errors() -> list[str]:
     return errors
 
 
+def unexported_operators(modules) -> list[str]:
+    """Every public :class:`RankingOperator` subclass defined in ``modules`` that ``diffrank.operators`` does not
+    export (under its name, from its module)."""
+    out = []
+    for module in modules:
+        for name, obj in vars(module).items():
+            if (inspect.isclass(obj) and issubclass(obj, operators.RankingOperator) and obj.__module__ ==
+                    module.__name__ and not name.startswith("_") and obj is not operators.RankingOperator
+                    and operators.OPERATOR_MODULES.get(name) != module.__name__):
+                out.append(f"{module.__name__}.{name}")
+    return out
+
+
+def package_modules() -> list[types.ModuleType]:
+    """Every module of ``diffrank.operators`` (imported)."""
+    return [importlib.import_module(f"diffrank.operators.{info.name}")
+            for info in pkgutil.iter_modules(operators.__path__)]
+
+
 def default_mismatches() -> list[str]:
     """Every (config, key) where a class's constructor default differs from the value of its canonical config,
     and every key of any config that the constructor does not take."""
@@ -68,10 +93,30 @@ def default_mismatches() -> list[str]:
 
 def test_every_targeted_class_is_exported():
     assert not export_errors()
-    assert set(operators.exported_classes()) >= {"LapSum", "ComparatorNetwork", "NeuralSort", "DFTopK"}
+    assert set(operators.OPERATOR_MODULES) >= {"LapSum", "ComparatorNetwork", "NeuralSort", "DFTopK"}
     namespace: dict = {}
     exec("from diffrank.operators import *", namespace)
     assert {"LapSum", "load", "available", "RankingOperator"} <= set(namespace)
+
+
+def test_every_operator_class_of_the_package_is_exported():
+    """The written-out exports are complete: every RankingOperator subclass of the package's modules, and nothing
+    more (``__all__`` = the map + the module's own names; the type checkers' imports = the map)."""
+    assert not unexported_operators(package_modules())
+    for name, module in operators.OPERATOR_MODULES.items():
+        assert getattr(importlib.import_module(module), name) is getattr(operators, name)
+    assert sorted(operators.__all__) == sorted({*operators.OPERATOR_MODULES, "RankingOperator", "available", "load"})
+    tree = ast.parse(Path(operators.__file__).read_text(encoding="utf-8"))
+    typed = {a.name: node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+             for a in node.names if node.module in operators.OPERATOR_MODULES.values()}
+    assert typed == operators.OPERATOR_MODULES
+
+
+def test_planted_unexported_operator_class_fails():
+    module = types.ModuleType("diffrank.operators.planted")
+    exec("from diffrank.operators.base import RankingOperator\n"
+         "class PlantedSort(RankingOperator):\n    pass\n", module.__dict__)
+    assert unexported_operators([module]) == ["diffrank.operators.planted.PlantedSort"]
 
 
 def test_unknown_attribute_is_an_attribute_error():
@@ -82,7 +127,7 @@ def test_unknown_attribute_is_an_attribute_error():
 def test_import_stays_light():
     """``import diffrank.operators`` imports no operator class's module (nor numba); a class imports only its own."""
     code = ("import sys, diffrank.operators as o\n"
-            "mods = {t.rpartition('.')[0] for t in o.exported_classes().values()} | {'numba'}\n"
+            "mods = set(o.OPERATOR_MODULES.values()) | {'numba'}\n"
             "print(sorted(mods & set(sys.modules)))\n"
             "o.SoftSort\n"
             "print(sorted(mods & set(sys.modules)))\n")
@@ -102,9 +147,29 @@ def test_several_configs_of_one_class_name_a_canonical_one():
 
 
 def test_docs_tables_are_generated_from_the_registry():
-    files = [ROOT / "README.md", ROOT / "docs" / "api.md", ROOT / "docs" / "conventions.md"]
+    """The table lives in one page (docs/operators.md); the pages that used to repeat it link to it."""
+    files = default_files()
+    assert files == [ROOT / "docs" / "operators.md"]
     differ = stale(files)
     assert not differ, f"{[str(f.relative_to(ROOT)) for f in differ]}: the operator table is stale; run `{COMMAND}`"
+    for page in ("README.md", "docs/api.md", "docs/conventions.md"):
+        text = (ROOT / page).read_text(encoding="utf-8")
+        assert BEGIN not in text and "operators.md" in text, page
+
+
+def test_per_config_metadata_names_the_configs_of_its_class():
+    """A class that several configs target gives paper / parameter per config: exactly for those configs."""
+    by_target: dict[str, set[str]] = {}
+    for name in available():
+        by_target.setdefault(load_yaml("operator", name)["_target_"], set()).add(name)
+    for target, names in by_target.items():
+        cls = locate(target)
+        for key in ("paper", "parameter"):
+            value = vars(cls).get(key)
+            if isinstance(value, dict):
+                assert set(value) == names, (cls.__name__, key)
+            else:
+                assert isinstance(value, str) and value and len(names) == 1, (cls.__name__, key)
 
 
 def test_table_rows():
@@ -143,6 +208,8 @@ class PlantedOperator(operators.RankingOperator):
     """A planted operator whose β default (1) differs from its config's (0.5)."""
 
     capabilities = frozenset({"soft_rank"})
+    paper = "nobody"
+    parameter = "β"
 
     def __init__(self, beta: float = 1.0) -> None:
         super().__init__(beta)
@@ -157,14 +224,14 @@ def planted(tmp_path, monkeypatch):
     returns a function that writes more ``operator/<name>.yaml`` files."""
     module = types.ModuleType("diffrank_planted_registry")
     module.PlantedOperator = PlantedOperator
-    module.LapSum = PlantedOperator  # a class name that the shipped configs already export
+    # another class of a name that diffrank.operators exports
+    module.LapSum = type("LapSum", (PlantedOperator,), {"__module__": module.__name__})
     monkeypatch.setitem(sys.modules, module.__name__, module)
     (tmp_path / "operator").mkdir()
     monkeypatch.setenv("DIFFRANK_CONFIG_DIR", str(tmp_path))
 
     def write(name: str, text: str) -> None:
-        (tmp_path / "operator" / f"{name}.yaml").write_text(
-            f"# paper: nobody\n# parameter: β\n{text}", encoding="utf-8")
+        (tmp_path / "operator" / f"{name}.yaml").write_text(text, encoding="utf-8")
 
     write("planted", "_target_: diffrank_planted_registry.PlantedOperator\nbeta: 0.5\n")
     return write
@@ -179,41 +246,45 @@ def test_planted_class_default_differing_from_its_config_fails(planted):
                                     "or not at all"]
 
 
-def test_planted_configs_of_one_class_need_one_canonical(planted):
+def test_planted_configs_of_one_class_need_one_canonical(planted, monkeypatch):
     planted("planted_b", "_target_: diffrank_planted_registry.PlantedOperator\nbeta: 2.0\n")
-    with pytest.raises(ValueError, match="exactly one of them needs a '# canonical: …' line"):
+    with pytest.raises(ValueError, match="its class attribute canonical must name the one whose values are the "
+                                         "class defaults, got None"):
         canonical_configs()
-    planted("planted_b", "# canonical: the class defaults\n_target_: diffrank_planted_registry.PlantedOperator\n"
-                         "beta: 1.0\n")
+    planted("planted_b", "_target_: diffrank_planted_registry.PlantedOperator\nbeta: 1.0\n")
+    monkeypatch.setattr(PlantedOperator, "canonical", "planted_c")
+    with pytest.raises(ValueError, match="got 'planted_c'"):
+        canonical_configs()
+    monkeypatch.setattr(PlantedOperator, "canonical", "planted_b")
     assert canonical_configs() == {"diffrank_planted_registry.PlantedOperator": "planted_b"}
     assert not default_mismatches()  # planted.yaml's β = 0.5 is its own value, not the class default
 
 
-def test_planted_class_is_exported_without_an_edit(planted):
-    """A new config's class is exported the moment the config exists (no hand-edited list) …"""
+def test_planted_missing_export_fails(planted, monkeypatch):
+    """A config whose class is left out of the written-out exports fails the check, and once exported passes."""
+    assert export_errors() == [
+        "planted: diffrank_planted_registry.PlantedOperator is not diffrank.operators.PlantedOperator",
+        "planted: PlantedOperator missing from diffrank.operators.__all__ / dir()"]
+    monkeypatch.setitem(operators.OPERATOR_MODULES, "PlantedOperator", "diffrank_planted_registry")
+    monkeypatch.setattr(operators, "__all__", [*operators.__all__, "PlantedOperator"])
     assert operators.PlantedOperator is PlantedOperator
     assert not export_errors()
 
 
-def test_planted_missing_export_fails(planted, monkeypatch):
-    """… and a class left out of the exports (what a hand-edited list did) fails the check."""
-    monkeypatch.setattr(operators, "exported_classes", lambda: {})
-    assert export_errors() == [
-        "planted: diffrank_planted_registry.PlantedOperator is not diffrank.operators.PlantedOperator",
-        "planted: PlantedOperator missing from diffrank.operators.__all__ / dir()"]
-
-
-def test_planted_class_name_clash_fails(planted, monkeypatch):
-    """Two configs targeting different classes of one name cannot both be diffrank.operators.<name>."""
+def test_planted_class_name_clash_fails(planted):
+    """A config whose class has the name of another exported class is not diffrank.operators.<name>."""
     planted("clash", "_target_: diffrank_planted_registry.LapSum\nbeta: 1.0\n")
-    planted("lapsum", "_target_: diffrank.operators.lapsum.LapSum\nbeta: 1.0\n")
-    with pytest.raises(ValueError, match="two operator configs target classes named 'LapSum'"):
-        operators.LapSum  # noqa: B018
+    assert "clash: diffrank_planted_registry.LapSum is not diffrank.operators.LapSum" in export_errors()
 
 
-def test_planted_config_without_paper_fails_the_table(planted, tmp_path):
-    (tmp_path / "operator" / "bare.yaml").write_text("_target_: diffrank_planted_registry.PlantedOperator\n"
-                                                     "beta: 1.0\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"bare.yaml lacks \['paper', 'parameter'\]"):
+class PlantedChild(PlantedOperator):
+    """A planted subclass that sets no paper of its own (its parent's does not count)."""
+
+
+def test_planted_class_without_paper_fails_the_table(planted, monkeypatch):
+    monkeypatch.setattr(sys.modules["diffrank_planted_registry"], "PlantedChild", PlantedChild, raising=False)
+    planted("bare", "_target_: diffrank_planted_registry.PlantedChild\nbeta: 1.0\n")
+    with pytest.raises(ValueError, match=r"bare.yaml lacks \['paper', 'parameter'\] \(paper and parameter are "
+                                         r"attributes of PlantedChild"):
         render()
     assert load("bare").beta == 1.0  # the config itself is fine for load()

@@ -9,7 +9,7 @@ from diffrank.operators import load
 
 
 def test_beta_beyond_the_dtype_range_raises_and_non_convergence_warns():
-    """Issue 25 item 2: at β = 1e8 / 1e9 in float32 rows summed to 1.91 / 186, silently (u·β ≥ 6)."""
+    """At β = 1e8 / 1e9 in float32 rows summed to 1.91 / 186, silently (u·β ≥ 6)."""
     torch.manual_seed(0)
     s = torch.randn(4, 6)
     with pytest.raises(ValueError, match=r"beta=1e\+09 is out of float32's range.*float64"):

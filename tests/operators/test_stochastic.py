@@ -30,7 +30,7 @@ def _scores(B=3, n=5, seed=0):
 
 
 def test_every_other_operator_ignores_the_mode():
-    """The registry tests run operators in eval mode (conftest.load_deterministic): that changes no other operator."""
+    """The registry tests run operators in eval mode (helpers.load_deterministic): that changes no other operator."""
     s = _scores()
     for name in available():
         if name in STOCHASTIC:

@@ -6,7 +6,7 @@
     python -m diffrank.benchmark --suite grid --device cuda --table39 --csv out.csv --png out.png
     python -m diffrank.benchmark --suite grid --quick  # CPU smoke run of the grid
 
-(also ``diffrank-bench`` and ``scripts/benchmark_operators.py`` with the same options.)
+(also ``diffrank-bench`` with the same options.)
 
 The ``grid`` suite (:mod:`diffrank.benchmark.grid`; docs/gpu.md) runs every operator of
 ``configs/operator/`` x backend against its peer library over n x k x B (``--n``, ``--ks``, ``--batches``; default
@@ -88,14 +88,8 @@ def device_type(text: str) -> str:
     raise argparse.ArgumentTypeError(f"cpu, cuda or cuda:<index>, got '{text}'")
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Parse the command line and print the tables of the chosen suites.
-
-    Raises:
-        SystemExit: status 2 for a bad flag (a size, batch or k below 1, a time that is not a positive number, a
-            device other than cpu / cuda); ``--device cuda`` without a visible CUDA device; ``error: …`` when a
-            suite cannot write its ``--csv`` / ``--png`` / ``--figures-dir`` files.
-    """
+def _parser() -> argparse.ArgumentParser:
+    """The command line of :func:`main`: the common flags, the grid suite's and the lapsum_figures suite's."""
     p = argparse.ArgumentParser(prog="python -m diffrank.benchmark", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suite", action="append", choices=SUITES, help="suite(s) to run (default: all)")
@@ -121,7 +115,18 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--cap-seconds", type=positive_float, default=10.0,
                    help="a method stops above this predicted s/call")
     g.add_argument("--cap-gb", type=positive_float, default=3.0, help="a method stops above this predicted peak memory")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the command line and print the tables of the chosen suites.
+
+    Raises:
+        SystemExit: status 2 for a bad flag (a size, batch or k below 1, a time that is not a positive number, a
+            device other than cpu / cuda); ``--device cuda`` without a visible CUDA device; ``error: …`` when a
+            suite cannot write its ``--csv`` / ``--png`` / ``--figures-dir`` files.
+    """
+    args = _parser().parse_args(argv)
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None and argv is None:
         # glibc then maps every block >= 64 KiB separately and unmaps it on free, so the resident set
         # follows live tensors and the CPU peak-memory column means something (see harness.py); the process

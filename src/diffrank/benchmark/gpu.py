@@ -59,7 +59,7 @@ SORTING_ROW = "sorting/thesis_t3_7/odd_even_cauchy_n5"
 TESTS_COMMAND = 'pytest -m "gpu or triton"'
 # share of the budget per step (the rest is slack for start-up and the report)
 SHARES = {"tests": 0.40, "headline": 0.20, "table39": 0.15, "sorting": 0.15}
-# the one-sync tests whose verdict fills the training table (tests/experiments/test_gpu_step.py)
+# the one-sync tests whose verdict fills the training table (tests/experiments/run/test_gpu_step.py)
 SYNC_TESTS = {"sorting": "test_gpu_sorting_step_synchronises_at_most_once[diffsort_odd_even]",
               "classifier": "test_gpu_classifier_step_synchronises_at_most_as_allowed"}
 

@@ -147,46 +147,60 @@ def objective(op, k: int | None):
     return op.soft_rank, None
 
 
+def _difftopk_sort_peer(name: str, n: int, k: int | None, B: int, mem_limit: float):
+    """``(label, fn or None, note)`` of difftopk's dense NeuralSort / SoftSort (B, n, n) for ``name``."""
+    from diffrank.operators import load
+
+    if importlib.util.find_spec("difftopk") is None:
+        return "difftopk", None, "skip: difftopk not installed"
+    if 4 * B * n * n * 4 > mem_limit:
+        return "difftopk", None, f"skip: dense (B, n, n) ~{4 * B * n * n * 4 / 1e9:.0f} GB"
+    import difftopk
+
+    tau = 1.0 / load(name).beta
+    if name == "neuralsort":
+        mod = difftopk.NeuralSort(tau=tau)
+        return "difftopk", (lambda s: mod(s)[:, :, -k:]), ""
+    mod = difftopk.SoftSort(tau=tau)
+    return "difftopk", (lambda s: mod(s)[:, :k]), ""
+
+
+def _difftopk_network_peer(name: str, n: int, k: int | None, B: int, device: str, mem_limit: float):
+    """``(label, fn or None, note)`` of difftopk's bitonic / splitter-selection network for ``name``."""
+    from diffrank.operators import load
+
+    if importlib.util.find_spec("difftopk") is None:
+        return "difftopk", None, "skip: difftopk not installed"
+    kind = "bitonic" if name == "difftopk_bitonic" else "splitter_selection"
+    sparse = importlib.util.find_spec("torch_sparse") is not None
+    if kind == "splitter_selection" and not sparse:
+        return "difftopk", None, "skip: its splitter network needs torch-sparse"
+    layers = math.ceil(math.log2(max(n, 2))) * (math.ceil(math.log2(max(n, 2))) + 1) // 2
+    c = n // 2 + 1
+    need = layers * (B * n * c * 16 + 4 * c * n * 8)
+    if not sparse and (need > mem_limit or n > 1024):
+        return "difftopk", None, f"skip: dense network ~{need / 1e9:.0f} GB"
+    import contextlib
+    import io
+
+    import difftopk
+
+    op = load(name)
+    with contextlib.redirect_stdout(io.StringIO()):
+        net = difftopk.DiffTopkNet(kind, n, k, sparse=sparse, device=device, steepness=op.beta,
+                                   art_lambda=getattr(op, "art_lambda", 0.5),
+                                   distribution=getattr(op, "sigmoid", "logistic_phi"))
+    return "difftopk", (lambda s: net(s)[1]), ""
+
+
 def peer(name: str, n: int, k: int | None, B: int, device: str, mem_limit: float):
     """``(label, fn or None, note)``: the peer library's implementation of the same objective, if any."""
     from diffrank.operators import load
 
     if name in ("neuralsort", "softsort"):
-        if importlib.util.find_spec("difftopk") is None:
-            return "difftopk", None, "skip: difftopk not installed"
-        if 4 * B * n * n * 4 > mem_limit:
-            return "difftopk", None, f"skip: dense (B, n, n) ~{4 * B * n * n * 4 / 1e9:.0f} GB"
-        import difftopk
-
-        tau = 1.0 / load(name).beta
-        if name == "neuralsort":
-            mod = difftopk.NeuralSort(tau=tau)
-            return "difftopk", (lambda s: mod(s)[:, :, -k:]), ""
-        mod = difftopk.SoftSort(tau=tau)
-        return "difftopk", (lambda s: mod(s)[:, :k]), ""
+        return _difftopk_sort_peer(name, n, k, B, mem_limit)
     if name in ("difftopk_bitonic", "difftopk_splitter"):
-        if importlib.util.find_spec("difftopk") is None:
-            return "difftopk", None, "skip: difftopk not installed"
-        kind = "bitonic" if name == "difftopk_bitonic" else "splitter_selection"
-        sparse = importlib.util.find_spec("torch_sparse") is not None
-        if kind == "splitter_selection" and not sparse:
-            return "difftopk", None, "skip: its splitter network needs torch-sparse"
-        layers = math.ceil(math.log2(max(n, 2))) * (math.ceil(math.log2(max(n, 2))) + 1) // 2
-        c = n // 2 + 1
-        need = layers * (B * n * c * 16 + 4 * c * n * 8)
-        if not sparse and (need > mem_limit or n > 1024):
-            return "difftopk", None, f"skip: dense network ~{need / 1e9:.0f} GB"
-        import contextlib
-        import io
-
-        import difftopk
-
-        op = load(name)
-        with contextlib.redirect_stdout(io.StringIO()):
-            net = difftopk.DiffTopkNet(kind, n, k, sparse=sparse, device=device, steepness=op.beta,
-                                       art_lambda=getattr(op, "art_lambda", 0.5),
-                                       distribution=getattr(op, "sigmoid", "logistic_phi"))
-        return "difftopk", (lambda s: net(s)[1]), ""
+        return _difftopk_network_peer(name, n, k, B, device, mem_limit)
     if name in ("diffsort_odd_even", "diffsort_bitonic"):
         if importlib.util.find_spec("diffsort") is None:
             return "diffsort", None, "skip: diffsort not installed"

@@ -7,7 +7,7 @@ maths and the conventions at kinks and ties): with σ sorting scale·z descendin
 descending, v = argmin_{v_1 >= ... >= v_n} ½‖v - (s - w)‖² (l2, block value mean(s_B) - mean(w_B)) or
 ⟨e^{s - v}, 1⟩ + ⟨e^w, v⟩ (kl, block value LSE(s_B) - LSE(w_B)), μ = s - v written back in z's order; adjacent
 blocks with equal values pool, and the Jacobian's blocks are the runs of PAV blocks whose values differ by at most
-:data:`~diffrank.operators.fast_soft_sort_cpu.TOL`. Both kernels accumulate in float64 whatever the input dtype, as
+:data:`~diffrank._shared.PAV_TOL`. Both kernels accumulate in float64 whatever the input dtype, as
 the CPU kernels do: the pooling decisions and the 1e-9 partition tolerance are then the CPU path's (a float32
 accumulator would pool differently near kinks, and 1e-9 is below its resolution).
 
@@ -32,11 +32,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from diffrank._shared import PAV_TOL
 from diffrank.kernels._common import block_size
-from diffrank.operators.fast_soft_sort_cpu import TOL
 
 #: the partition tolerance of the Jacobian's blocks (the CPU kernels' TOL, the authors' ``_partition``)
-_TOL: tl.constexpr = tl.constexpr(TOL)
+_TOL: tl.constexpr = tl.constexpr(PAV_TOL)
 #: one warp per row: the PAV is one sequential chain; wider programs would only wait on it
 NUM_WARPS = 1
 

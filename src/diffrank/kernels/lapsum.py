@@ -24,8 +24,10 @@ Sizes: every kernel walks its row in blocks of ``BLOCK`` (a scan block carries i
 so there is no limit on n; one program per sample (scans, top-k VJP), per (sample, block of targets)
 (inverse) or per (sample, k) (top-k forward). Arithmetic in float32, or float64 for float64 scores.
 
-On the CPU the kernels run under ``TRITON_INTERPRET=1`` (tests); :class:`~diffrank.operators.lapsum.LapSum`
-uses them for CUDA inputs with ``backend="auto"`` and always with ``backend="triton"``.
+Launch functions only (forward and backward of top-k, rank and inverse): the autograd Functions, their
+recorded (double) backward and vmap rules are LapSum's own, in :mod:`diffrank.operators.lapsum`. On the CPU the
+kernels run under ``TRITON_INTERPRET=1`` (tests); :class:`~diffrank.operators.lapsum.LapSum` uses them for CUDA
+inputs with ``backend="auto"`` and always with ``backend="triton"``.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from diffrank._shared import unsort
 from diffrank.kernels._common import block_size
-from diffrank.operators.lapsum import _inverse_vjp_graph, _presigned, _rank_vjp_graph, _topk_vjp_graph, _vmap_rows
 
 _KNOTS, _RANK_VJP, _INVERSE_VJP = 0, 1, 2
 
@@ -315,171 +317,104 @@ def _inverse_vjp(s_sorted: Tensor, beta: Tensor, t: Tensor, c: Tensor, a: Tensor
     return g
 
 
-@_presigned
-class _TopK(torch.autograd.Function):
-    """p[b, m, i] = F(t_bm + β s_bi), t = Lap⁻¹(k_bm) (Thm 3.3); returns ``(p, t)`` (t not differentiable). VJP in
-    one kernel (App. C.2); a recorded backward (create_graph, torch.func) takes the differentiable closed form
-    :func:`~diffrank.operators.lapsum._topk_vjp_graph` (exact second derivatives)."""
-
-    @staticmethod
-    def forward(scores: Tensor, k: Tensor, beta: float) -> tuple[Tensor, Tensor]:
-        s = scores.contiguous()
-        R, n = s.shape
-        dt = _dtype(s)
-        bt = _beta(beta, dt, s.device)
-        kk = k.to(dt).contiguous()
-        t = _inverse(s.sort(dim=-1, descending=True).values, bt, torch.where(kk >= n, n / 2, kk))[0]
-        M = kk.shape[-1]
-        p = torch.empty(R, M, n, dtype=scores.dtype, device=s.device)
-        _lapsum_topk_fwd[(R * M,)](s, bt, t, kk, p, n, M, BLOCK=block_size(n, _MAX_BLOCK))
-        return p, t
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
-        scores, k, ctx.beta = inputs
-        ctx.mark_non_differentiable(output[1])
-        ctx.save_for_backward(scores, k, output[1])
-
-    @staticmethod
-    def vmap(info, in_dims, scores, k, beta):
-        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
-        return _vmap_rows(_TopK, info, in_dims, scores, k, beta)
-
-    @staticmethod
-    def backward(ctx, grad_p: Tensor, _grad_t: Tensor):
-        scores, k, t = ctx.saved_tensors
-        if torch.is_grad_enabled():
-            grad_s, grad_k = _topk_vjp_graph(scores, k.to(scores.dtype), ctx.beta, grad_p)
-            return grad_s, grad_k.to(k.dtype) if ctx.needs_input_grad[1] else None, None
-        s = scores.contiguous()
-        R, n = s.shape
-        bt = _beta(ctx.beta, _dtype(s), s.device)
-        kk = k.to(bt.dtype).contiguous()
-        M = kk.shape[-1]
-        ds = torch.zeros(R, n, dtype=bt.dtype, device=s.device)
-        dk = torch.empty(R, M, dtype=bt.dtype, device=s.device)
-        _lapsum_topk_bwd[(R,)](s, bt, t, kk, grad_p.contiguous(), ds, dk, n, M, BLOCK=block_size(n, _MAX_BLOCK))
-        grad_k = dk.to(k.dtype) if ctx.needs_input_grad[1] else None
-        return ds.to(s.dtype), grad_k, None
-
-
-@_presigned
-class _Rank(torch.autograd.Function):
-    """R_i = Lap_s(s_i) + ½ (Thm 3.2) from the knot scan; returns ``(R, s_sorted, order, A + B - 2)`` (only R
-    differentiable); VJP from the same scans (App. C.2), a recorded backward the differentiable
-    :func:`~diffrank.operators.lapsum._rank_vjp_graph`."""
-
-    @staticmethod
-    def forward(scores: Tensor, beta: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        s_sorted, order = scores.sort(dim=-1, descending=True)
-        s_sorted = s_sorted.contiguous()
-        a, b, knots = _knots(s_sorted, _beta(beta, _dtype(scores), scores.device))
-        return _unsort((knots + 0.5).to(scores.dtype), order), s_sorted, order, a + b - 2
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
-        scores, ctx.beta = inputs
-        ctx.mark_non_differentiable(*output[1:])
-        ctx.save_for_backward(scores, *output[1:])
-
-    @staticmethod
-    def vmap(info, in_dims, scores, beta):
-        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
-        return _vmap_rows(_Rank, info, in_dims, scores, beta)
-
-    @staticmethod
-    def backward(ctx, grad_r: Tensor, *_aux):
-        scores, s_sorted, order, ab = ctx.saved_tensors
-        if torch.is_grad_enabled():
-            return _rank_vjp_graph(scores, ctx.beta, grad_r), None
-        R, n = s_sorted.shape
-        bt = _beta(ctx.beta, ab.dtype, s_sorted.device)
-        v = grad_r.gather(-1, order).to(bt.dtype).contiguous()
-        scratch = torch.empty(2, R, n, dtype=bt.dtype, device=v.device)
-        g = torch.empty(R, n, dtype=bt.dtype, device=v.device)
-        _lapsum_scan[(R,)](s_sorted, bt, v, ab, scratch[0], scratch[1], g, n, MODE=_RANK_VJP,
-                           BLOCK=block_size(n, _MAX_BLOCK))
-        return _unsort(g, order).to(s_sorted.dtype), None
-
-
-@_presigned
-class _Inverse(torch.autograd.Function):
-    """b = Lap_s⁻¹(w) in score units; returns ``(b, s_sorted, order, t, c, A, B)`` (only b differentiable). VJP
-    ∂b_m/∂s_l = softmax_l(-β|b_m - s_l|) by per-gap sums and two scans; a recorded backward (or a w that requires
-    grad) the differentiable :func:`~diffrank.operators.lapsum._inverse_vjp_graph`."""
-
-    @staticmethod
-    def forward(scores: Tensor, w: Tensor, beta: float) -> tuple[Tensor, ...]:
-        s_sorted, order = scores.sort(dim=-1, descending=True)
-        s_sorted = s_sorted.contiguous()
-        t, c, a, b = _inverse(s_sorted, _beta(beta, _dtype(scores), scores.device), w)
-        return (-t / beta).to(scores.dtype), s_sorted, order, t, c, a, b
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
-        scores, _, ctx.beta = inputs
-        ctx.mark_non_differentiable(*output[1:])
-        ctx.save_for_backward(scores, *output)
-
-    @staticmethod
-    def vmap(info, in_dims, scores, w, beta):
-        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
-        return _vmap_rows(_Inverse, info, in_dims, scores, w, beta)
-
-    @staticmethod
-    def backward(ctx, grad_b: Tensor, *_aux):
-        scores, out, s_sorted, order, t, c, a, b = ctx.saved_tensors
-        if torch.is_grad_enabled() or ctx.needs_input_grad[1]:
-            grad_s, grad_w = _inverse_vjp_graph(scores, out, ctx.beta, grad_b, ctx.needs_input_grad[1])
-            return grad_s, grad_w, None
-        bt = _beta(ctx.beta, t.dtype, t.device)
-        grad_sorted = _inverse_vjp(s_sorted, bt, t, c, a, b, grad_b.to(t.dtype))  # ∂b/∂s = ∂t/∂u
-        return _unsort(grad_sorted, order).to(s_sorted.dtype), None, None
-
-
-def _unsort(x_sorted: Tensor, order: Tensor) -> Tensor:
-    return torch.empty_like(x_sorted).scatter_(-1, order, x_sorted)
-
-
-def lapsum_topk(scores: Tensor, k: Tensor, beta: float) -> Tensor:
-    """LapSum top-k memberships p = F_α(Lap⁻¹(k) - s), α = -1/β (Struski et al. 2025, Thm 3.3, eq. (3)).
+def topk_forward(scores: Tensor, k: Tensor, beta: float) -> tuple[Tensor, Tensor]:
+    """LapSum top-k memberships p[b, m, i] = F(t_bm + β s_bi), t = Lap⁻¹(k_bm) in u-space (Struski et al. 2025,
+    Thm 3.3, eq. (3)), forward launch only (the autograd Function is
+    :class:`~diffrank.operators.lapsum._LapSumTopK`).
 
     Args:
-        scores: ``(B, n)`` float32 / float64 on CUDA (or the CPU under ``TRITON_INTERPRET=1``), finite;
-            validated by the caller.
-        k: ``(B, M)`` real targets in (0, n]; k = n gives ones. May require grad (∂L/∂k = ⟨v, π⟩).
+        scores: ``(B, n)`` float32 / float64 on CUDA (or the CPU under ``TRITON_INTERPRET=1``), finite.
+        k: ``(B, M)`` real targets in (0, n]; k >= n gives ones.
         beta: inverse temperature β > 0.
 
     Returns:
-        ``(B, M, n)`` of the scores' dtype; row m sums to k_m. Differentiable in scores and k.
+        ``(p, t)``: p ``(B, M, n)`` of the scores' dtype (row m sums to k_m), t ``(B, M)`` in the compute dtype.
 
     Raises:
-        Nothing of its own: the caller (:class:`~diffrank.operators.lapsum.LapSum`) validates the inputs.
+        Nothing of its own: the caller validates the inputs.
     """
-    return _TopK.apply(scores, k, beta)[0]
+    s = scores.contiguous()
+    R, n = s.shape
+    dt = _dtype(s)
+    bt = _beta(beta, dt, s.device)
+    kk = k.to(dt).contiguous()
+    t = _inverse(s.sort(dim=-1, descending=True).values, bt, torch.where(kk >= n, n / 2, kk))[0]
+    M = kk.shape[-1]
+    p = torch.empty(R, M, n, dtype=scores.dtype, device=s.device)
+    _lapsum_topk_fwd[(R * M,)](s, bt, t, kk, p, n, M, BLOCK=block_size(n, _MAX_BLOCK))
+    return p, t
 
 
-def lapsum_rank(scores: Tensor, beta: float) -> Tensor:
-    """LapSum soft ranks R_i = 1 + Σ_{j≠i} F(β(s_j - s_i)), rank 1 = largest (Struski et al. 2025, Thm 3.2).
+def topk_backward(scores: Tensor, k: Tensor, t: Tensor, beta: float, grad_p: Tensor) -> tuple[Tensor, Tensor]:
+    """VJP of :func:`topk_forward` in one kernel (App. C.2): ∂L/∂s = Σ_m ½ β e^{-|x|} (v - ⟨v, π⟩), ∂L/∂k = ⟨v, π⟩.
+
+    Args:
+        scores: ``(B, n)``; k: ``(B, M)``; t: ``(B, M)`` the forward's thresholds; beta: β;
+        grad_p: ``(B, M, n)`` upstream gradient.
+
+    Returns:
+        ``(grad_s (B, n) of the scores' dtype, grad_k (B, M) in the compute dtype)``.
+
+    Raises:
+        Nothing of its own.
+    """
+    s = scores.contiguous()
+    R, n = s.shape
+    bt = _beta(beta, _dtype(s), s.device)
+    kk = k.to(bt.dtype).contiguous()
+    M = kk.shape[-1]
+    ds = torch.zeros(R, n, dtype=bt.dtype, device=s.device)
+    dk = torch.empty(R, M, dtype=bt.dtype, device=s.device)
+    _lapsum_topk_bwd[(R,)](s, bt, t, kk, grad_p.contiguous(), ds, dk, n, M, BLOCK=block_size(n, _MAX_BLOCK))
+    return ds.to(s.dtype), dk
+
+
+def rank_forward(scores: Tensor, beta: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """LapSum soft ranks R_i = Lap_s(s_i) + ½ = 1 + Σ_{j≠i} F(β(s_j - s_i)) (Struski et al. 2025, Thm 3.2) from the
+    knot scan, forward launch only (the autograd Function is :class:`~diffrank.operators.lapsum._LapSumRank`).
 
     Args:
         scores: ``(B, n)`` float32 / float64, finite (CUDA, or CPU under ``TRITON_INTERPRET=1``).
         beta: inverse temperature β > 0.
 
     Returns:
-        ``(B, n)`` of the scores' dtype, summing to n(n + 1)/2; differentiable (scan VJP, App. C.2).
+        ``(R, s_sorted, order, A + B - 2)``: R ``(B, n)`` of the scores' dtype; the descending scores, their sort
+        permutation and the knot sums, which :func:`rank_backward` reads.
 
     Raises:
-        Nothing of its own: the caller (:class:`~diffrank.operators.lapsum.LapSum`) validates the inputs.
+        Nothing of its own: the caller validates the inputs.
     """
-    return _Rank.apply(scores, beta)[0]
+    s_sorted, order = scores.sort(dim=-1, descending=True)
+    s_sorted = s_sorted.contiguous()
+    a, b, knots = _knots(s_sorted, _beta(beta, _dtype(scores), scores.device))
+    return unsort((knots + 0.5).to(scores.dtype), order), s_sorted, order, a + b - 2
 
 
-def lapsum_inverse(scores: Tensor, w: Tensor, beta: float) -> Tensor:
-    """b = Lap_s⁻¹(w) in score units, α = -1/β (Struski et al. 2025, §4.1 eq. (4)).
+def rank_backward(s_sorted: Tensor, order: Tensor, ab: Tensor, beta: float, grad_r: Tensor) -> Tensor:
+    """VJP of :func:`rank_forward` from the same scans (App. C.2).
+
+    Args:
+        s_sorted, order, ab: the auxiliary outputs of :func:`rank_forward`; beta: β; grad_r: ``(B, n)`` upstream.
+
+    Returns:
+        ``(B, n)`` gradient with respect to the scores, of the dtype of ``s_sorted``.
+
+    Raises:
+        Nothing of its own.
+    """
+    R, n = s_sorted.shape
+    bt = _beta(beta, ab.dtype, s_sorted.device)
+    v = grad_r.gather(-1, order).to(bt.dtype).contiguous()
+    scratch = torch.empty(2, R, n, dtype=bt.dtype, device=v.device)
+    g = torch.empty(R, n, dtype=bt.dtype, device=v.device)
+    _lapsum_scan[(R,)](s_sorted, bt, v, ab, scratch[0], scratch[1], g, n, MODE=_RANK_VJP,
+                       BLOCK=block_size(n, _MAX_BLOCK))
+    return unsort(g, order).to(s_sorted.dtype)
+
+
+def inverse_forward(scores: Tensor, w: Tensor, beta: float) -> tuple[Tensor, ...]:
+    """b = Lap_s⁻¹(w) in score units, α = -1/β (Struski et al. 2025, §4.1 eq. (4)), forward launch only (the
+    autograd Function is :class:`~diffrank.operators.lapsum._LapSumInverse`).
 
     Args:
         scores: ``(B, n)`` float32 / float64, finite (CUDA, or CPU under ``TRITON_INTERPRET=1``).
@@ -487,10 +422,34 @@ def lapsum_inverse(scores: Tensor, w: Tensor, beta: float) -> Tensor:
         beta: inverse temperature β > 0.
 
     Returns:
-        ``(B, M)`` of the scores' dtype; differentiable in the scores (O(n + M) per row: gap sums, two scans).
+        ``(b, s_sorted, order, t, c, A, B)``: b ``(B, M)`` of the scores' dtype, then what
+        :func:`inverse_backward` reads (sorted scores, permutation, u-space thresholds, gaps, knot sums).
 
     Raises:
-        Nothing of its own: the caller (:class:`~diffrank.operators.lapsum.LapSum`) validates the inputs.
+        Nothing of its own: the caller validates the inputs.
     """
-    return _Inverse.apply(scores, w, beta)[0]
+    s_sorted, order = scores.sort(dim=-1, descending=True)
+    s_sorted = s_sorted.contiguous()
+    t, c, a, b = _inverse(s_sorted, _beta(beta, _dtype(scores), scores.device), w)
+    return (-t / beta).to(scores.dtype), s_sorted, order, t, c, a, b
+
+
+def inverse_backward(s_sorted: Tensor, order: Tensor, t: Tensor, c: Tensor, a: Tensor, b: Tensor, beta: float,
+                     grad_b: Tensor) -> Tensor:
+    """VJP of :func:`inverse_forward`, ∂b_m/∂s_l = softmax_l(-β|b_m - s_l|), by per-gap sums and two scans
+    (O(n + M) per row; App. C.2).
+
+    Args:
+        s_sorted, order, t, c, a, b: the auxiliary outputs of :func:`inverse_forward`; beta: β;
+        grad_b: ``(B, M)`` upstream.
+
+    Returns:
+        ``(B, n)`` gradient with respect to the scores, of the dtype of ``s_sorted``.
+
+    Raises:
+        Nothing of its own.
+    """
+    bt = _beta(beta, t.dtype, t.device)
+    grad_sorted = _inverse_vjp(s_sorted, bt, t, c, a, b, grad_b.to(t.dtype))  # ∂b/∂s = ∂t/∂u
+    return unsort(grad_sorted, order).to(s_sorted.dtype)
 

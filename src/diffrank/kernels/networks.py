@@ -34,8 +34,10 @@ compute in float32), run the PyTorch path (:func:`supports`). All six sigmoids o
 arctangent with range reduction and a polynomial (float32 accuracy, ~1e-7 relative), since
 ``libdevice.atan`` does not run in the Triton interpreter.
 
-On the CPU the kernels run under ``TRITON_INTERPRET=1`` (tests); :class:`ComparatorNetwork` uses them for
-CUDA inputs with ``backend="auto"``.
+Launch functions only (:func:`network_forward`, :func:`network_backward`): the autograd Function, its recorded
+backward, forward mode and vmap rule are the operator's, in :mod:`diffrank.operators.sorting_network`. On the CPU
+the kernels run under ``TRITON_INTERPRET=1`` (tests); :class:`ComparatorNetwork` uses them for CUDA inputs with
+``backend="auto"``.
 """
 
 from __future__ import annotations
@@ -311,144 +313,89 @@ def supports(n: int, dtype: torch.dtype) -> bool:
     return n <= MAX_N and dtype == torch.float32
 
 
-class _NetKernel(torch.autograd.Function):
-    """The relaxed network through the fused kernels; one autograd node.
-
-    Its forward takes no ``ctx`` and returns the layer weights and differences (and the rows' ``y0``) as extra,
-    non-differentiable outputs, for ``torch.func``; ``vmap`` folds the mapped dimension into the batch. A backward
-    that is itself recorded (``create_graph=True``, ``torch.func``) is the exact, differentiable one of the
-    PyTorch path (:func:`~diffrank.operators.sorting_network.differentiable_vjp`): second derivatives are exact. Forward
-    mode (``torch.func.jacfwd`` / ``hessian``) is the PyTorch path's JVP.
-    """
-
-    twice_differentiable = True  # read by diffrank.losses.newton
-
-    @staticmethod
-    def forward(x: Tensor, net, beta: float, sigmoid: str, art_lambda: float, mode: str,
-                y0: Tensor | None) -> tuple[Tensor, ...]:
-        partner, sign, index = net.layer_tables(x.device)
-        x = x.detach().to(torch.float32).contiguous()
-        B, n = x.shape
-        L = int(index.shape[0])
-        block = _block(n)
-        code = SIGMOID_CODES[sigmoid]
-        out = torch.empty_like(x)
-        w = torch.empty(B, L, n, dtype=torch.float32, device=x.device)
-        d = torch.empty_like(w)
-        scratch = torch.empty(B, 2, block, dtype=torch.float32, device=x.device)
-        _values_fwd[(B,)](x, out, w, d, scratch, partner, sign, index, n, L, float(beta), float(art_lambda),
-                          SIGMOID=code, BLOCK=block, num_warps=_warps(block))
-        if mode == "values":
-            return out, w, d
-        y0 = y0.to(device=x.device, dtype=torch.float32).contiguous()
-        m = y0.shape[1]
-        bm, bn, tiles = _rows_tiling(m, n)
-        rows = torch.empty(B, m, n, dtype=torch.float32, device=x.device)
-        scratch = torch.empty(B * tiles * 2 * bm * bn, dtype=torch.float32, device=x.device)
-        bstride = 0 if y0.shape[0] == 1 else m * n
-        _rows_fwd[(B, tiles)](y0, bstride, rows, w, scratch, partner, index, n, m, L, BLOCK_M=bm, BLOCK_N=bn,
-                              num_warps=_warps(bm * bn))
-        return rows, w, d
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
-        x, net, beta, sigmoid, art_lambda, mode, y0 = inputs
-        ctx.mark_non_differentiable(*output[1:])
-        ctx.set_materialize_grads(False)  # no zero gradients for the intermediates
-        ctx.save_for_backward(x, *output[1:], y0)
-        ctx.save_for_forward(x, y0)
-        ctx.net, ctx.beta, ctx.sigmoid, ctx.art_lambda, ctx.mode = net, float(beta), sigmoid, float(art_lambda), mode
-
-    @staticmethod
-    def vmap(info, in_dims, x, net, beta, sigmoid, art_lambda, mode, y0):
-        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
-        from diffrank.operators._vmap import fold_vmap
-
-        return fold_vmap(info, in_dims, _NetKernel.apply, (x, net, beta, sigmoid, art_lambda, mode, y0), rows=(0, 6))
-
-    @staticmethod
-    def jvp(ctx, x_t: Tensor | None, *_):
-        """Forward mode (``torch.func.jacfwd`` / ``hessian``): the plain-autograd network's JVP, in float32."""
-        from diffrank.operators.sorting_network import reference_forward
-
-        x, y0 = ctx.saved_tensors[0], ctx.saved_tensors[-1]  # (x, y0): those saved for forward mode
-
-        def f(xr):
-            """The plain-autograd network on float32 scores ``xr`` (B, n), the function forward mode differentiates."""
-            return reference_forward(ctx.net, xr, ctx.beta, ctx.sigmoid, ctx.art_lambda, ctx.mode,
-                                     None if y0 is None else y0.to(torch.float32))
-
-        return torch.func.jvp(f, (x.to(torch.float32),), (x_t.to(torch.float32),))[1], None, None
-
-    @staticmethod
-    def backward(ctx, g: Tensor | None, *_):
-        none = (None,) * 6
-        if g is None:
-            return (None, *none)
-        x, w, d, y0 = ctx.saved_tensors
-        if torch.is_grad_enabled():  # the backward is recorded: the exact, differentiable one
-            from diffrank.operators.sorting_network import differentiable_vjp
-
-            gx = differentiable_vjp(ctx.net, x.to(torch.float32), ctx.beta, ctx.sigmoid, ctx.art_lambda, ctx.mode,
-                                    y0, g.to(torch.float32))
-            return (gx.to(x.dtype), *none)
-        partner, sign, index = ctx.net.layer_tables(g.device)
-        code = SIGMOID_CODES[ctx.sigmoid]
-        B, L, n = w.shape
-        g = g.to(torch.float32).contiguous()
-        gw = None
-        if ctx.mode == "rows":
-            y0 = y0.to(device=g.device, dtype=torch.float32).contiguous()
-            m = y0.shape[1]
-            bm, bn, tiles = _rows_tiling(m, n)
-            gw_part = torch.empty(B, tiles, L, n, dtype=torch.float32, device=g.device)
-            S = _segment(L, B * tiles * bm * bn)
-            ysave = torch.empty(B * tiles * (triton.cdiv(L, S) + S - 1) * bm * bn, dtype=torch.float32,
-                                device=g.device)
-            scratch = torch.empty(B * tiles * 2 * bm * bn, dtype=torch.float32, device=g.device)
-            bstride = 0 if y0.shape[0] == 1 else m * n
-            _rows_bwd[(B, tiles)](y0, bstride, g, w, gw_part, ysave, scratch, partner, index, n, m, L, S,
-                                  BLOCK_M=bm, BLOCK_N=bn, num_warps=_warps(bm * bn))
-            del ysave
-            gw = gw_part[:, 0] if tiles == 1 else gw_part.sum(1)
-            gw = gw.contiguous()
-        block = _block(n)
-        gx = torch.empty(B, n, dtype=torch.float32, device=g.device)
-        scratch = torch.empty(B, 2, block, dtype=torch.float32, device=g.device)
-        has_gout = ctx.mode == "values"
-        _values_bwd[(B,)](g if has_gout else gx, gw if gw is not None else w, w, d, gx, scratch, partner, sign,
-                          index, n, L, ctx.beta, ctx.art_lambda, SIGMOID=code, HAS_GOUT=has_gout,
-                          HAS_GW=gw is not None, BLOCK=block, num_warps=_warps(block))
-        return (gx.to(x.dtype), *none)
-
-
-def network_kernel(net, x: Tensor, beta: float, sigmoid: str, art_lambda: float, mode: str = "values",
-                   y0: Tensor | None = None) -> Tensor:
-    """The relaxed network with the fused kernels: same contract as
-    :func:`diffrank.operators.sorting_network.run_network` (Petersen et al. 2021, Eq. 1; rows by the
-    bidirectional evaluation of Petersen et al. 2022, Eq. 3).
+def network_forward(x: Tensor, net, beta: float, sigmoid: str, art_lambda: float, mode: str,
+                    y0: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """The relaxed network's forward launch (Petersen et al. 2021, Eq. 1; rows by the bidirectional evaluation of
+    Petersen et al. 2022, Eq. 3); the autograd Function around it is
+    :class:`~diffrank.operators.sorting_network._NetKernel`.
 
     Args:
+        x: ``(B, n)`` scores on CUDA (or the CPU under ``TRITON_INTERPRET=1``), computed in float32.
         net: a :class:`diffrank.operators.networks.Network` on n wires with at least one layer.
-        x: ``(B, n)`` float32 scores on CUDA (or the CPU under ``TRITON_INTERPRET=1``), n <= :data:`MAX_N`.
-        beta, sigmoid, art_lambda: the relaxed swap (:mod:`diffrank.operators.sigmoids`), validated by the caller.
-        mode: ``"values"`` → ``(B, n)`` track values; ``"rows"`` → ``y0 · P`` ``(B, m, n)`` for ``y0``
-            ``(1 or B, m, n)`` indexed by output track (full P: ``y0`` = I). Differentiable w.r.t. ``x``.
+        beta, sigmoid, art_lambda: the relaxed swap, validated by the caller.
+        mode: ``"values"`` or ``"rows"`` (with ``y0`` ``(1 or B, m, n)``).
 
     Returns:
-        float32 tensor of the shape above.
+        ``(out, w, d)``: out ``(B, n)`` values or ``(B, m, n)`` rows, and the layer weights and differences
+        ``(B, L, n)`` that :func:`network_backward` reads; float32.
 
     Raises:
-        ValueError: an unsupported shape / dtype (see :func:`supports`), an empty network, or an unknown mode.
+        Nothing of its own: the caller checks the inputs (:func:`supports`).
     """
-    if x.dim() != 2 or x.shape[1] != net.n or not supports(net.n, x.dtype):
-        raise ValueError(f"the network kernels need (B, {net.n}) float32 scores with n <= {MAX_N}, "
-                         f"got {tuple(x.shape)} {x.dtype}")
-    if not net.layers:
-        raise ValueError("the network kernels need a network with at least one layer")
-    if mode not in ("values", "rows") or (mode == "rows") != (y0 is not None):
-        raise ValueError(f"mode must be 'values' or 'rows' (the latter with y0), got {mode!r}")
-    if y0 is not None and (y0.dim() != 3 or y0.shape[0] not in (1, x.shape[0]) or y0.shape[2] != net.n):
-        raise ValueError(f"y0 must be (1 or {x.shape[0]}, m, {net.n}), got {tuple(y0.shape)}")
-    return _NetKernel.apply(x, net, beta, sigmoid, art_lambda, mode, y0)[0]
+    partner, sign, index = net.layer_tables(x.device)
+    x = x.detach().to(torch.float32).contiguous()
+    B, n = x.shape
+    L = int(index.shape[0])
+    block = _block(n)
+    code = SIGMOID_CODES[sigmoid]
+    out = torch.empty_like(x)
+    w = torch.empty(B, L, n, dtype=torch.float32, device=x.device)
+    d = torch.empty_like(w)
+    scratch = torch.empty(B, 2, block, dtype=torch.float32, device=x.device)
+    _values_fwd[(B,)](x, out, w, d, scratch, partner, sign, index, n, L, float(beta), float(art_lambda),
+                      SIGMOID=code, BLOCK=block, num_warps=_warps(block))
+    if mode == "values":
+        return out, w, d
+    y0 = y0.to(device=x.device, dtype=torch.float32).contiguous()
+    m = y0.shape[1]
+    bm, bn, tiles = _rows_tiling(m, n)
+    rows = torch.empty(B, m, n, dtype=torch.float32, device=x.device)
+    scratch = torch.empty(B * tiles * 2 * bm * bn, dtype=torch.float32, device=x.device)
+    bstride = 0 if y0.shape[0] == 1 else m * n
+    _rows_fwd[(B, tiles)](y0, bstride, rows, w, scratch, partner, index, n, m, L, BLOCK_M=bm, BLOCK_N=bn,
+                          num_warps=_warps(bm * bn))
+    return rows, w, d
+
+
+def network_backward(g: Tensor, w: Tensor, d: Tensor, y0: Tensor | None, net, beta: float, sigmoid: str,
+                     art_lambda: float, mode: str) -> Tensor:
+    """The VJP launch of :func:`network_forward`: the rows chain recomputed and walked back, then the values.
+
+    Args:
+        g: upstream gradient of the forward's ``out``; w, d: its ``(B, L, n)`` layer weights and differences;
+        y0: the rows' ``(1 or B, m, n)`` (``"rows"``) or None; net, beta, sigmoid, art_lambda, mode: as the forward.
+
+    Returns:
+        ``(B, n)`` float32 gradient with respect to the scores.
+
+    Raises:
+        Nothing of its own.
+    """
+    partner, sign, index = net.layer_tables(g.device)
+    code = SIGMOID_CODES[sigmoid]
+    B, L, n = w.shape
+    g = g.to(torch.float32).contiguous()
+    gw = None
+    if mode == "rows":
+        y0 = y0.to(device=g.device, dtype=torch.float32).contiguous()
+        m = y0.shape[1]
+        bm, bn, tiles = _rows_tiling(m, n)
+        gw_part = torch.empty(B, tiles, L, n, dtype=torch.float32, device=g.device)
+        S = _segment(L, B * tiles * bm * bn)
+        ysave = torch.empty(B * tiles * (triton.cdiv(L, S) + S - 1) * bm * bn, dtype=torch.float32,
+                            device=g.device)
+        scratch = torch.empty(B * tiles * 2 * bm * bn, dtype=torch.float32, device=g.device)
+        bstride = 0 if y0.shape[0] == 1 else m * n
+        _rows_bwd[(B, tiles)](y0, bstride, g, w, gw_part, ysave, scratch, partner, index, n, m, L, S,
+                              BLOCK_M=bm, BLOCK_N=bn, num_warps=_warps(bm * bn))
+        del ysave
+        gw = gw_part[:, 0] if tiles == 1 else gw_part.sum(1)
+        gw = gw.contiguous()
+    block = _block(n)
+    gx = torch.empty(B, n, dtype=torch.float32, device=g.device)
+    scratch = torch.empty(B, 2, block, dtype=torch.float32, device=g.device)
+    has_gout = mode == "values"
+    _values_bwd[(B,)](g if has_gout else gx, gw if gw is not None else w, w, d, gx, scratch, partner, sign,
+                      index, n, L, beta, art_lambda, SIGMOID=code, HAS_GOUT=has_gout,
+                      HAS_GW=gw is not None, BLOCK=block, num_warps=_warps(block))
+    return gx

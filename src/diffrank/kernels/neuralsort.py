@@ -23,6 +23,9 @@ vmapped dimension into the batch (one kernel launch).
 Accumulation is in float32 (float64 for float64 inputs). On the CPU the kernels run under
 ``TRITON_INTERPRET=1`` (tests); :class:`~diffrank.operators.neuralsort.NeuralSort` picks them with
 ``backend`` (see :mod:`diffrank.operators.backend`).
+
+Launch functions only (:func:`rows_forward`, :func:`rows_backward`): the autograd Function, its recorded backward
+and vmap rule are the operator's, in :mod:`diffrank.operators.neuralsort`.
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ import triton.language as tl
 from torch import Tensor
 
 from diffrank.kernels._common import acc, acc_torch, beta_tensor, row_item_blocks
-from diffrank.operators.base import fold_vmapped
 
 
 @triton.jit
@@ -102,77 +104,50 @@ def _neuralsort_bwd(p_ptr, g_ptr, dot_ptr, ds_ptr, da_ptr, beta_ptr, n, k, BLOCK
     tl.store(da_ptr + b * n + offs, -dsum * beta, mask=mask)
 
 
-class _NeuralSortRows(torch.autograd.Function):
-    twice_differentiable = True  # the recorded backward is PyTorch operations (read by diffrank.losses.newton)
-
-    @staticmethod
-    def forward(scores: Tensor, row_sums: Tensor, k: int, beta: float) -> Tensor:
-        s, a = scores.contiguous(), row_sums.contiguous()
-        B, n = s.shape
-        p = torch.empty(B, k, n, dtype=s.dtype, device=s.device)
-        _neuralsort_fwd[(B * k,)](s, a, p, beta_tensor(beta, s.dtype, s.device), n, k, BLOCK=row_item_blocks(n)[0],
-                                  ACC=acc(s.dtype))
-        return p
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
-        scores, row_sums, _, ctx.beta = inputs
-        ctx.dtypes = (scores.dtype, row_sums.dtype)
-        ctx.save_for_backward(output)
-
-    @staticmethod
-    def vmap(info, in_dims, scores, row_sums, k, beta):
-        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
-        size = info.batch_size
-        p = _NeuralSortRows.apply(fold_vmapped(scores, in_dims[0], size), fold_vmapped(row_sums, in_dims[1], size),
-                                  k, beta)
-        return p.unflatten(0, (size, -1)), 0
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (p,) = ctx.saved_tensors
-        B, k, n = p.shape
-        if torch.is_grad_enabled():  # a recorded backward: the same formulas in differentiable operations
-            dlogit = p * (grad - (p * grad).sum(-1, keepdim=True))
-            scale = (n - 1 - 2 * torch.arange(k, device=p.device, dtype=p.dtype)).view(1, k, 1)
-            return ((scale * dlogit).sum(1) * ctx.beta).to(ctx.dtypes[0]), \
-                (dlogit.sum(1) * -ctx.beta).to(ctx.dtypes[1]), None, None
-        beta_t = beta_tensor(ctx.beta, p.dtype, p.device)
-        acc_dtype = acc_torch(p.dtype)
-        g = grad.contiguous()
-        dot = torch.empty(B * k, dtype=acc_dtype, device=p.device)
-        ds = torch.empty(B, n, dtype=acc_dtype, device=p.device)
-        da = torch.empty(B, n, dtype=acc_dtype, device=p.device)
-        block, item_block = row_item_blocks(n)
-        _row_dot[(B * k,)](p, g, dot, n, BLOCK=block, ACC=acc(p.dtype))
-        _neuralsort_bwd[(B, triton.cdiv(n, item_block))](p, g, dot, ds, da, beta_t, n, k, BLOCK=item_block,
-                                                         ACC=acc(p.dtype))
-        return ds.to(ctx.dtypes[0]), da.to(ctx.dtypes[1]), None, None
-
-
-def neuralsort_topk_rows(scores: Tensor, row_sums: Tensor, k: int, beta: float) -> Tensor:
-    """Top ``k`` rows of the NeuralSort matrix P̂ with fused Triton kernels (Grover et al. 2019, Eq. 5).
+def rows_forward(scores: Tensor, row_sums: Tensor, k: int, beta: float) -> Tensor:
+    """Top ``k`` rows of the NeuralSort matrix P̂ (Grover et al. 2019, Eq. 5), forward launch only (the autograd
+    Function is :class:`~diffrank.operators.neuralsort._NeuralSortRows`).
 
     Args:
-        scores: ``(B, n)`` float16 / bfloat16 / float32 / float64 scores s on a CUDA device (or the CPU under
-            ``TRITON_INTERPRET=1``), validated by the caller (finite, ``n >= 1``).
-        row_sums: ``(B, n)`` the row sums (A_s 1)_j = Σ_l |s_j - s_l| of the same dtype and device
-            (:func:`diffrank.operators.neuralsort.abs_diff_row_sums`); gradients flow into it, and from it
-            to ``scores`` through whatever computed it.
-        k: number of rows (ranks 1..k, rank 1 = largest score), ``1 <= k <= n``.
-        beta: inverse temperature β = 1/τ > 0.
+        scores: ``(B, n)`` float16 / bfloat16 / float32 / float64 on a CUDA device (or the CPU under
+            ``TRITON_INTERPRET=1``); row_sums: ``(B, n)`` (A_s 1)_j of the same dtype and device;
+        k: ``1 <= k <= n``; beta: β > 0.
 
     Returns:
-        ``(B, k, n)`` of the scores' dtype, row r = softmax_j(β ((n + 1 - 2r) s_j - (A_s 1)_j)) for
-        r = 1..k; rows sum to 1. Computed in float32 (float64 for float64 scores).
+        ``(B, k, n)`` of the scores' dtype; rows sum to 1.
 
     Raises:
-        ValueError: if the shapes disagree or ``k`` is outside ``[1, n]``.
+        Nothing of its own: :func:`diffrank.operators.neuralsort.neuralsort_topk_rows` checks the shapes and k.
     """
-    if scores.dim() != 2 or row_sums.shape != scores.shape:
-        raise ValueError(f"scores and row_sums must both be (B, n), got {tuple(scores.shape)} and "
-                         f"{tuple(row_sums.shape)}")
-    if not 1 <= int(k) <= scores.shape[1]:
-        raise ValueError(f"k must satisfy 1 <= k <= n = {scores.shape[1]}, got {k}")
-    return _NeuralSortRows.apply(scores, row_sums, int(k), float(beta))
+    s, a = scores.contiguous(), row_sums.contiguous()
+    B, n = s.shape
+    p = torch.empty(B, k, n, dtype=s.dtype, device=s.device)
+    _neuralsort_fwd[(B * k,)](s, a, p, beta_tensor(beta, s.dtype, s.device), n, k, BLOCK=row_item_blocks(n)[0],
+                              ACC=acc(s.dtype))
+    return p
+
+
+def rows_backward(p: Tensor, grad: Tensor, beta: float) -> tuple[Tensor, Tensor]:
+    """VJP of :func:`rows_forward` (dlogit = P ⊙ (G - Σ_j P G)) in two launches without atomics.
+
+    Args:
+        p: ``(B, k, n)`` the forward's output; grad: ``(B, k, n)`` upstream; beta: β.
+
+    Returns:
+        ``(∂L/∂s, ∂L/∂(A_s 1))``, each ``(B, n)`` in the accumulation dtype (float32, float64 for float64).
+
+    Raises:
+        Nothing of its own.
+    """
+    B, k, n = p.shape
+    beta_t = beta_tensor(beta, p.dtype, p.device)
+    acc_dtype = acc_torch(p.dtype)
+    g = grad.contiguous()
+    dot = torch.empty(B * k, dtype=acc_dtype, device=p.device)
+    ds = torch.empty(B, n, dtype=acc_dtype, device=p.device)
+    da = torch.empty(B, n, dtype=acc_dtype, device=p.device)
+    block, item_block = row_item_blocks(n)
+    _row_dot[(B * k,)](p, g, dot, n, BLOCK=block, ACC=acc(p.dtype))
+    _neuralsort_bwd[(B, triton.cdiv(n, item_block))](p, g, dot, ds, da, beta_t, n, k, BLOCK=item_block,
+                                                     ACC=acc(p.dtype))
+    return ds, da

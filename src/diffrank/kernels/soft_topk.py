@@ -17,13 +17,13 @@ Everything is float64, as in the PyTorch path: at small ε the logits z_i reach 
 spacing (1e-3-0.1) would move A by up to 0.02. The cost normalisation (``norm``) is computed by the caller
 and treated as a constant (detached), as in the PyTorch path. No limit on n (rows are walked in blocks).
 
-On the CPU the kernels run under ``TRITON_INTERPRET=1`` (tests); :class:`~diffrank.operators.soft_topk.SoftTopK`
-uses them for CUDA inputs with ``backend="auto"`` and always with ``backend="triton"``.
+Launch functions only (:func:`newton_forward`, :func:`newton_backward`): the autograd Function, its recorded
+backward and vmap rule are the operator's, in :mod:`diffrank.operators.soft_topk`. On the CPU the kernels run under
+``TRITON_INTERPRET=1`` (tests); :class:`~diffrank.operators.soft_topk.SoftTopK` uses them for CUDA inputs with
+``backend="auto"`` and always with ``backend="triton"``.
 """
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import torch
 import triton
@@ -140,96 +140,58 @@ def _soft_topk_bwd(s_ptr, scale_ptr, delta_ptr, g_ptr, ds_ptr, n, M, BLOCK: tl.c
 _MAX_BLOCK = 512
 
 
-class _SoftTopKNewton(torch.autograd.Function):
-    """A[b, m] = σ(z_b + Δ_bm) with Σ_i A = k_m; backward by the implicit function theorem.
-
-    For ``torch.func`` the forward takes no ``ctx`` (Δ is an extra, non-differentiable output), ``vmap`` folds the
-    mapped dimension into the batch and ``info`` is a ``SimpleNamespace`` (not a pytree). A recorded backward
-    (``create_graph=True``, ``torch.func``) is the same formula in torch ops on the output, σ' = A (1 - A), which
-    autograd differentiates through this Function again: exact second derivatives.
-    """
-
-    twice_differentiable = True  # read by diffrank.losses.newton
-
-    @staticmethod
-    def forward(scores: Tensor, ks: Tensor, scale: Tensor, max_iter: int, info: SimpleNamespace
-                ) -> tuple[Tensor, Tensor]:
-        s = scores.contiguous()
-        B, n = s.shape
-        M = ks.shape[0]
-        # Newton's start as in the PyTorch path: midway between the logits of ranks ⌊k⌋ and ⌊k⌋ + 1
-        idx = ks.floor().long().clamp(1, n - 1)
-        top = s.topk(int(idx.max()) + 1, dim=-1).values.double()  # (B, max idx + 1), descending
-        start = torch.stack([top[:, idx - 1], top[:, idx]], dim=-1).contiguous()  # (B, M, 2)
-        kr = ks.double().repeat(B).contiguous()
-        a = torch.empty(B, M, n, dtype=scores.dtype, device=s.device)
-        delta = torch.empty(B * M, dtype=torch.float64, device=s.device)
-        stat = torch.empty(B * M, 2, dtype=torch.float64, device=s.device)
-        _soft_topk_fwd[(B * M,)](s, start, kr, scale, a, delta, stat, n, M, int(max_iter),
-                                 BLOCK=block_size(n, _MAX_BLOCK))
-        it_err = stat.amax(0).tolist()  # one host synchronisation, as the PyTorch path's stopping rule
-        info.iterations, info.error = int(it_err[0]), it_err[1]
-        return a, delta.view(B, M)  # (B, M): row-indexed, for vmap's folding
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
-        scores, _, scale = inputs[:3]
-        ctx.mark_non_differentiable(output[1])
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(scores, scale, output[1], output[0])
-
-    @staticmethod
-    def vmap(info, in_dims, scores, ks, scale, max_iter, stats):
-        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
-        from diffrank.operators._vmap import fold_vmap
-
-        return fold_vmap(info, in_dims, _SoftTopKNewton.apply, (scores, ks, scale, max_iter, stats), rows=(0, 2))
-
-    @staticmethod
-    def backward(ctx, grad_a: Tensor | None, _=None):
-        if grad_a is None:
-            return None, None, None, None, None
-        s, scale, delta, a = ctx.saved_tensors
-        if torch.is_grad_enabled():  # recorded: the implicit derivative in torch ops on A (differentiable)
-            w = (a * (1 - a)).double()
-            g = grad_a.double()
-            gbar = (w * g).sum(-1, keepdim=True) / w.sum(-1, keepdim=True).clamp_min(1e-300)
-            ds = (2 * scale.double().view(-1, 1, 1) * w * (g - gbar)).sum(1)
-            return ds.to(s.dtype), None, None, None, None
-        B, n = s.shape
-        M = a.shape[1]
-        ds = torch.empty(B, M, n, dtype=torch.float64, device=s.device)
-        _soft_topk_bwd[(B * M,)](s, scale, delta.contiguous(), grad_a.contiguous(), ds, n, M,
-                                 BLOCK=block_size(n, _MAX_BLOCK))
-        return ds.sum(1).to(s.dtype), None, None, None, None
-
-
-def soft_topk_newton(scores: Tensor, ks: Tensor, eps: float, norm: Tensor, max_iter: int,
-                     info: dict | None = None) -> Tensor:
-    """SOFT top-k memberships A = n Γ^ε[:, 0] (Xie et al. 2020, eq. (4)) by the fused two-anchor Newton solve.
+def newton_forward(scores: Tensor, ks: Tensor, scale: Tensor, max_iter: int) -> tuple[Tensor, Tensor, int, float]:
+    """SOFT top-k memberships A[b, m] = σ(z_b + Δ_bm) with Σ_i A = k_m by the fused two-anchor Newton solve (Xie et
+    al. 2020, eq. (4)), forward launch only (the autograd Function is
+    :class:`~diffrank.operators.soft_topk._SoftTopKNewton`).
 
     Args:
-        scores: ``(B, n)`` float32 / float64 on CUDA (or the CPU under ``TRITON_INTERPRET=1``), finite;
-            validated by the caller.
-        ks: ``(M,)`` targets, integers in [1, n - 1] (k = n is all ones: the caller's business).
-        eps: entropic regularisation ε = 1/β > 0.
-        norm: ``(B,)`` cost normalisation (max cost of the row or batch, or ones), treated as a constant.
+        scores: ``(B, n)`` float32 / float64 on CUDA (or the CPU under ``TRITON_INTERPRET=1``), finite.
+        ks: ``(M,)`` float64 targets, integers in [1, n - 1].
+        scale: ``(B,)`` float64 1 / (ε · norm).
         max_iter: Newton iteration cap.
-        info: if given, receives ``"iterations"`` (the largest count over rows) and ``"error"`` (the largest
-            final |Σ_i A_i - k|).
 
     Returns:
-        ``(B, M, n)`` of the scores' dtype (computed in float64); row m sums to k_m to the solver's
-        tolerance. Differentiable in the scores (implicit differentiation, App. H).
+        ``(A, Δ, iterations, error)``: A ``(B, M, n)`` of the scores' dtype, Δ ``(B, M)`` float64 (row-indexed,
+        for vmap's folding), the largest iteration count and final |Σ_i A_i - k| over rows (one host
+        synchronisation).
 
     Raises:
-        Nothing of its own: the caller (:class:`~diffrank.operators.soft_topk.SoftTopK`) validates the inputs
-        and warns when the solve stops above its tolerance.
+        Nothing of its own: the caller validates the inputs.
     """
-    scale = (1.0 / (eps * norm.double().reshape(-1))).contiguous()
-    stats = SimpleNamespace()
-    a = _SoftTopKNewton.apply(scores, ks, scale, max_iter, stats)[0]
-    if info is not None:
-        info["iterations"], info["error"] = stats.iterations, stats.error
-    return a
+    s = scores.contiguous()
+    B, n = s.shape
+    M = ks.shape[0]
+    # Newton's start as in the PyTorch path: midway between the logits of ranks ⌊k⌋ and ⌊k⌋ + 1
+    idx = ks.floor().long().clamp(1, n - 1)
+    top = s.topk(int(idx.max()) + 1, dim=-1).values.double()  # (B, max idx + 1), descending
+    start = torch.stack([top[:, idx - 1], top[:, idx]], dim=-1).contiguous()  # (B, M, 2)
+    kr = ks.double().repeat(B).contiguous()
+    a = torch.empty(B, M, n, dtype=scores.dtype, device=s.device)
+    delta = torch.empty(B * M, dtype=torch.float64, device=s.device)
+    stat = torch.empty(B * M, 2, dtype=torch.float64, device=s.device)
+    _soft_topk_fwd[(B * M,)](s, start, kr, scale, a, delta, stat, n, M, int(max_iter),
+                             BLOCK=block_size(n, _MAX_BLOCK))
+    it_err = stat.amax(0).tolist()  # one host synchronisation, as the PyTorch path's stopping rule
+    return a, delta.view(B, M), int(it_err[0]), it_err[1]  # Δ (B, M): row-indexed, for vmap's folding
+
+
+def newton_backward(s: Tensor, scale: Tensor, delta: Tensor, a: Tensor, grad_a: Tensor) -> Tensor:
+    """VJP of :func:`newton_forward` by implicit differentiation (paper App. H): ∂L/∂s_i = 2 scale σ'_i (v_i - v̄).
+
+    Args:
+        s: ``(B, n)`` scores; scale: ``(B,)``; delta: ``(B, M)`` the forward's Δ; a: ``(B, M, n)`` its output;
+        grad_a: ``(B, M, n)`` upstream.
+
+    Returns:
+        ``(B, n)`` gradient of the scores' dtype.
+
+    Raises:
+        Nothing of its own.
+    """
+    B, n = s.shape
+    M = a.shape[1]
+    ds = torch.empty(B, M, n, dtype=torch.float64, device=s.device)
+    _soft_topk_bwd[(B * M,)](s, scale, delta.contiguous(), grad_a.contiguous(), ds, n, M,
+                             BLOCK=block_size(n, _MAX_BLOCK))
+    return ds.sum(1).to(s.dtype)

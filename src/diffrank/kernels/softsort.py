@@ -16,6 +16,9 @@ differentiates again (exact second derivatives); ``torch.func.vmap`` folds the v
 Accumulation is in float32 (float64 for float64 inputs).
 On the CPU the kernels run under ``TRITON_INTERPRET=1`` (tests); :class:`~diffrank.operators.softsort.SoftSort`
 picks them with ``backend`` (see :mod:`diffrank.operators.backend`).
+
+Launch functions only (:func:`rows_forward`, :func:`rows_backward`): the autograd Function, its recorded backward
+and vmap rule are the operator's, in :mod:`diffrank.operators.softsort`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ import triton.language as tl
 from torch import Tensor
 
 from diffrank.kernels._common import acc, acc_torch, beta_tensor, row_item_blocks
-from diffrank.operators.base import fold_vmapped
 
 
 @triton.jit
@@ -101,74 +103,53 @@ def _softsort_bwd_items(s_ptr, t_ptr, p_ptr, g_ptr, beta_ptr, dot_ptr, ds_ptr, n
     tl.store(ds_ptr + b * n + offs, -beta * ds, mask=mask)
 
 
-class _SoftSortRows(torch.autograd.Function):
-    twice_differentiable = True  # the recorded backward is PyTorch operations (read by diffrank.losses.newton)
-
-    @staticmethod
-    def forward(scores: Tensor, top: Tensor, beta: float) -> Tensor:
-        s, t = scores.contiguous(), top.contiguous()
-        B, n = s.shape
-        k = t.shape[1]
-        p = torch.empty(B, k, n, dtype=scores.dtype, device=scores.device)
-        _softsort_fwd[(B * k,)](s, t, p, beta_tensor(beta, s.dtype, s.device), n, k, BLOCK=row_item_blocks(n)[0],
-                                ACC=acc(s.dtype))
-        return p
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
-        scores, top, ctx.beta = inputs
-        ctx.save_for_backward(scores, top, output)
-
-    @staticmethod
-    def vmap(info, in_dims, scores, top, beta):
-        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
-        size = info.batch_size
-        p = _SoftSortRows.apply(fold_vmapped(scores, in_dims[0], size), fold_vmapped(top, in_dims[1], size), beta)
-        return p.unflatten(0, (size, -1)), 0
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        s, t, p = ctx.saved_tensors
-        if torch.is_grad_enabled():  # a recorded backward: the same formulas in differentiable operations
-            dlogit = p * (grad - (p * grad).sum(-1, keepdim=True))
-            sign = torch.sign(s.unsqueeze(1) - t.unsqueeze(-1)).detach()  # (B, k, n); its derivative is 0
-            return ((sign * dlogit).sum(1) * -ctx.beta).to(s.dtype), ((sign * dlogit).sum(-1) * ctx.beta).to(t.dtype), \
-                None
-        beta_t = beta_tensor(ctx.beta, s.dtype, s.device)
-        B, n = s.shape
-        k = t.shape[1]
-        g = grad.contiguous()
-        acc_dtype = acc_torch(s.dtype)
-        dot = torch.empty(B * k, dtype=acc_dtype, device=s.device)
-        dt = torch.empty(B, k, dtype=acc_dtype, device=s.device)
-        ds = torch.empty(B, n, dtype=acc_dtype, device=s.device)
-        block, item_block = row_item_blocks(n)
-        _softsort_bwd_rows[(B * k,)](s, t, p, g, beta_t, dot, dt, n, k, BLOCK=block, ACC=acc(s.dtype))
-        _softsort_bwd_items[(B, triton.cdiv(n, item_block))](s, t, p, g, beta_t, dot, ds, n, k, BLOCK=item_block,
-                                                             ACC=acc(s.dtype))
-        return ds.to(s.dtype), dt.to(t.dtype), None
-
-
-def softsort_topk_rows(scores: Tensor, k: int, beta: float) -> Tensor:
-    """Top ``k`` rows of the SoftSort matrix with fused Triton kernels (Prillo & Eisenschlos 2020, Eq. 3).
+def rows_forward(scores: Tensor, top: Tensor, beta: float) -> Tensor:
+    """Top rows of the SoftSort matrix P[b, r, j] = softmax_j(-β |t_{b,r} - s_{b,j}|) (Prillo & Eisenschlos 2020,
+    Eq. 3), forward launch only (the autograd Function is :class:`~diffrank.operators.softsort._SoftSortRows`).
 
     Args:
         scores: ``(B, n)`` float16 / bfloat16 / float32 / float64 on a CUDA device (or the CPU under
-            ``TRITON_INTERPRET=1``); validated by the caller (finite, ``n >= 1``).
-        k: number of rows (ranks 1..k, rank 1 = largest score), ``1 <= k <= n``.
-        beta: inverse temperature β = 1/τ > 0.
+            ``TRITON_INTERPRET=1``); top: ``(B, k)`` the k largest scores, descending; beta: β > 0.
 
     Returns:
-        ``(B, k, n)`` of the scores' dtype, P[r, j] = softmax_j(-β |t_r - s_j|) with t_r the r-th largest
-        score; rows sum to 1. Computed in float32 (float64 for float64 scores).
+        ``(B, k, n)`` of the scores' dtype; rows sum to 1.
 
     Raises:
-        ValueError: if ``scores`` is not 2-D or ``k`` is outside ``[1, n]``.
+        Nothing of its own: :func:`diffrank.operators.softsort.softsort_topk_rows` checks the shape and k and
+        finds the top scores.
     """
-    if scores.dim() != 2:
-        raise ValueError(f"scores must be (B, n), got {tuple(scores.shape)}")
-    if not 1 <= int(k) <= scores.shape[1]:
-        raise ValueError(f"k must satisfy 1 <= k <= n = {scores.shape[1]}, got {k}")
-    top = scores.topk(int(k), dim=-1, sorted=True).values
-    return _SoftSortRows.apply(scores, top, float(beta))
+    s, t = scores.contiguous(), top.contiguous()
+    B, n = s.shape
+    k = t.shape[1]
+    p = torch.empty(B, k, n, dtype=scores.dtype, device=scores.device)
+    _softsort_fwd[(B * k,)](s, t, p, beta_tensor(beta, s.dtype, s.device), n, k, BLOCK=row_item_blocks(n)[0],
+                            ACC=acc(s.dtype))
+    return p
+
+
+def rows_backward(s: Tensor, t: Tensor, p: Tensor, grad: Tensor, beta: float) -> tuple[Tensor, Tensor]:
+    """VJP of :func:`rows_forward` in two launches without atomics (one per row, one per item block).
+
+    Args:
+        s: ``(B, n)`` scores; t: ``(B, k)`` the top scores; p: ``(B, k, n)`` the forward's output;
+        grad: ``(B, k, n)`` upstream; beta: β.
+
+    Returns:
+        ``(∂L/∂s (B, n), ∂L/∂t (B, k))`` in the accumulation dtype (float32, float64 for float64).
+
+    Raises:
+        Nothing of its own.
+    """
+    beta_t = beta_tensor(beta, s.dtype, s.device)
+    B, n = s.shape
+    k = t.shape[1]
+    g = grad.contiguous()
+    acc_dtype = acc_torch(s.dtype)
+    dot = torch.empty(B * k, dtype=acc_dtype, device=s.device)
+    dt = torch.empty(B, k, dtype=acc_dtype, device=s.device)
+    ds = torch.empty(B, n, dtype=acc_dtype, device=s.device)
+    block, item_block = row_item_blocks(n)
+    _softsort_bwd_rows[(B * k,)](s, t, p, g, beta_t, dot, dt, n, k, BLOCK=block, ACC=acc(s.dtype))
+    _softsort_bwd_items[(B, triton.cdiv(n, item_block))](s, t, p, g, beta_t, dot, ds, n, k, BLOCK=item_block,
+                                                         ACC=acc(s.dtype))
+    return ds, dt

@@ -1,49 +1,108 @@
 """Losses built on the ranking operators (top-k cross-entropy, sorting, kNN, smooth top-k SVM, Newton, smoothing,
 ReSGRO) and their helpers; docs/api.md, "Losses", has the table with shapes and papers.
 
-Every public class and function of the modules of this package is exported here (``from diffrank.losses import
-TopKCrossEntropyLoss``): the name → module map is read from the modules' source (top-level ``class`` / ``def``
-whose name does not start with ``_``) and a module is imported on first access, so ``import diffrank.losses`` stays
-light and a new loss is exported without an edit here.
+Every public class and function of the modules of this package is exported here, written out below (``from
+diffrank.losses import TopKCrossEntropyLoss``); ``tests/losses/test_exports.py`` keeps the list complete.
 """
 
-from __future__ import annotations
+from diffrank.losses.knn import NeighbourLoss, pairwise_euclidean
+from diffrank.losses.newton import (
+    NewtonLoss,
+    newton_step,
+    per_sample_derivatives,
+    per_sample_derivatives_func,
+    wrap_newton,
+)
+from diffrank.losses.newton_closed_forms import bce_derivatives, sigmoid_bce_derivatives, softmax_ce_derivatives
+from diffrank.losses.pk import PK
+from diffrank.losses.resgro import (
+    ResgroLoss,
+    kendall_tau,
+    kendall_tau_objective,
+    path_hamming_objective,
+    resgro_select,
+    resgro_target,
+    subset_win_probabilities,
+)
+from diffrank.losses.smooth_topk import (
+    SmoothHardTopKLoss,
+    SmoothTopKLoss,
+    hard_topk_svm,
+    log_elementary_symmetric,
+    smooth_topk_svm,
+)
+from diffrank.losses.smoothing import (
+    SmoothedAlgorithm,
+    SmoothedLoss,
+    check_noise,
+    sample_noise,
+    score,
+    smoothed_loss_derivatives,
+)
+from diffrank.losses.softmax_ce import SoftmaxCrossEntropyLoss
+from diffrank.losses.sorting import (
+    BubbleSwapLoss,
+    RowSoftmaxCELoss,
+    SoftRankMSELoss,
+    SortingBCELoss,
+    permutation_matrix,
+    true_order,
+    true_ranks,
+)
+from diffrank.losses.topk_cross_entropy import TopKCrossEntropyLoss, m_subset
+from diffrank.losses.validation import (
+    LabelRangeError,
+    accepts_checks,
+    call_operator,
+    check_logits_labels,
+    index_labels,
+    logits_labels_checks,
+)
 
-import ast
-import pkgutil
-from functools import cache
-from importlib import import_module
-from pathlib import Path
-from typing import Any
-
-
-@cache
-def exported_names() -> dict[str, str]:
-    """Public name → module (e.g. ``"TopKCrossEntropyLoss"`` → ``"diffrank.losses.topk_cross_entropy"``) of every
-    top-level class and function of the package's modules.
-
-    Raises:
-        ValueError: two modules define one public name (the export would be ambiguous).
-    """
-    out: dict[str, str] = {}
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        if info.ispkg or info.name.startswith("_"):
-            continue
-        tree = ast.parse((Path(__path__[0]) / f"{info.name}.py").read_text(encoding="utf-8"))
-        module = f"{__name__}.{info.name}"
-        for name in (n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))):
-            if not name.startswith("_") and out.setdefault(name, module) != module:
-                raise ValueError(f"{name} is defined in {out[name]} and {module}; rename one")
-    return out
-
-
-def __getattr__(name: str) -> Any:
-    if name == "__all__":
-        return ["exported_names", *sorted(exported_names())]
-    if not name.startswith("_") and name in (names := exported_names()):
-        return getattr(import_module(names[name]), name)
-    raise AttributeError(f"module 'diffrank.losses' has no attribute '{name}'")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *exported_names()})
+__all__ = [
+    "PK",
+    "BubbleSwapLoss",
+    "LabelRangeError",
+    "NeighbourLoss",
+    "NewtonLoss",
+    "ResgroLoss",
+    "RowSoftmaxCELoss",
+    "SmoothHardTopKLoss",
+    "SmoothTopKLoss",
+    "SmoothedAlgorithm",
+    "SmoothedLoss",
+    "SoftRankMSELoss",
+    "SoftmaxCrossEntropyLoss",
+    "SortingBCELoss",
+    "TopKCrossEntropyLoss",
+    "accepts_checks",
+    "bce_derivatives",
+    "call_operator",
+    "check_logits_labels",
+    "check_noise",
+    "hard_topk_svm",
+    "index_labels",
+    "kendall_tau",
+    "kendall_tau_objective",
+    "log_elementary_symmetric",
+    "logits_labels_checks",
+    "m_subset",
+    "newton_step",
+    "pairwise_euclidean",
+    "path_hamming_objective",
+    "per_sample_derivatives",
+    "per_sample_derivatives_func",
+    "permutation_matrix",
+    "resgro_select",
+    "resgro_target",
+    "sample_noise",
+    "score",
+    "sigmoid_bce_derivatives",
+    "smooth_topk_svm",
+    "smoothed_loss_derivatives",
+    "softmax_ce_derivatives",
+    "subset_win_probabilities",
+    "true_order",
+    "true_ranks",
+    "wrap_newton",
+]

@@ -1,11 +1,13 @@
-"""Relaxed ranking operators; the registry is the folder ``configs/operator/`` (shipped in the wheel).
+"""Relaxed ranking operators; the registry of their configs is the folder ``configs/operator/`` (shipped in the
+wheel).
 
 ``load(name, **overrides)`` builds an operator from ``configs/operator/<name>.yaml`` without Hydra, so user
-code, tests, scripts and notebooks use the same definitions as ``train.py``. Every class that a config targets
-(its ``_target_``) is exported too (``from diffrank.operators import LapSum``): the name → module map is read
-from the configs and the module imported on first access, so that ``import diffrank.operators`` stays light
-(fast soft sort brings numba, the kernels Triton) and a new config's class is exported without an edit here.
-The operator table of the docs is generated from the same configs (:mod:`diffrank.operators.table`).
+code, tests, scripts and notebooks use the same definitions as ``train.py``. Every operator class is exported
+(``from diffrank.operators import LapSum``), written out below; its module is imported on first access, so that
+``import diffrank.operators`` stays light (the sparse soft top-k brings numba, the kernels Triton).
+``tests/operators/test_registry.py`` keeps the list complete: every :class:`RankingOperator` subclass of the
+package and every class a config targets is exported. The operator table of the docs (docs/operators.md) is
+generated from the configs and the classes' metadata (:mod:`diffrank.operators.table`).
 
 Convention of every operator method: scores ``(B, n)``; P has rows = ranks (rank 1 = largest) and columns =
 items. :mod:`diffrank.functional` wraps them in torch's conventions (ascending, any ``dim``).
@@ -13,61 +15,69 @@ items. :mod:`diffrank.functional` wraps them in torch's conventions (ascending, 
 
 from __future__ import annotations
 
-import re
-from functools import cache
-from pathlib import Path
-from typing import Any
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 from diffrank.operators.base import RankingOperator
-from diffrank.registry import build, config_dir, list_options, load_yaml, locate
+from diffrank.registry import build, list_options, load_yaml
 
-_OWN = ("RankingOperator", "available", "exported_classes", "load")
-_TARGET = re.compile(r"^_target_:\s*['\"]?([\w.]+)['\"]?\s*(?:#.*)?$", re.MULTILINE)
+if TYPE_CHECKING:
+    from diffrank.operators.dftopk import DFTopK
+    from diffrank.operators.fast_soft_sort import FastSoftSort
+    from diffrank.operators.gumbel_sinkhorn import GumbelSinkhorn
+    from diffrank.operators.lapsum import LapSum
+    from diffrank.operators.neuralsort import NeuralSort
+    from diffrank.operators.neuralsort_stochastic import NeuralSortStochastic
+    from diffrank.operators.relaxed_bubble_sort import RelaxedBubbleSort
+    from diffrank.operators.sinkhorn import SinkhornSort
+    from diffrank.operators.soft_topk import SoftTopK
+    from diffrank.operators.softsort import SoftSort
+    from diffrank.operators.sorting_network import ComparatorNetwork
+    from diffrank.operators.sparse_soft_topk import SparseSoftTopK
 
+__all__ = [
+    "ComparatorNetwork",
+    "DFTopK",
+    "FastSoftSort",
+    "GumbelSinkhorn",
+    "LapSum",
+    "NeuralSort",
+    "NeuralSortStochastic",
+    "RankingOperator",
+    "RelaxedBubbleSort",
+    "SinkhornSort",
+    "SoftSort",
+    "SoftTopK",
+    "SparseSoftTopK",
+    "available",
+    "load",
+]
 
-@cache
-def _targets(folder: Path, mtime_ns: int) -> dict[str, str]:
-    """Class name → dotted ``_target_`` of every config in ``folder`` (the operator group), read without YAML;
-    cached per modification time of the folder (a config added or removed is seen).
-
-    Raises:
-        ValueError: two configs target different classes of one name (the export would be ambiguous).
-    """
-    out: dict[str, str] = {}
-    for path in sorted(folder.rglob("*.yaml")):
-        hit = _TARGET.search(path.read_text(encoding="utf-8"))
-        if hit is None:
-            continue
-        target = hit.group(1)
-        name = target.rpartition(".")[2]
-        if out.setdefault(name, target) != target:
-            raise ValueError(f"two operator configs target classes named {name!r} ({out[name]} and {target}, "
-                             f"the latter in {path}); rename one class: diffrank.operators.{name} must be one class")
-    return out
-
-
-def exported_classes() -> dict[str, str]:
-    """Class name → dotted ``_target_`` of every class that a ``configs/operator/*.yaml`` targets, i.e. the
-    classes exported as ``diffrank.operators.<name>`` (imported on first access).
-
-    Raises:
-        ValueError: two configs target different classes of one name.
-        FileNotFoundError: no config folder (see :func:`diffrank.registry.config_dir`).
-    """
-    folder = config_dir() / "operator"
-    return dict(_targets(folder, folder.stat().st_mtime_ns))
+#: operator class → the module that defines it (imported on first access)
+OPERATOR_MODULES = {
+    "ComparatorNetwork": "diffrank.operators.sorting_network",
+    "DFTopK": "diffrank.operators.dftopk",
+    "FastSoftSort": "diffrank.operators.fast_soft_sort",
+    "GumbelSinkhorn": "diffrank.operators.gumbel_sinkhorn",
+    "LapSum": "diffrank.operators.lapsum",
+    "NeuralSort": "diffrank.operators.neuralsort",
+    "NeuralSortStochastic": "diffrank.operators.neuralsort_stochastic",
+    "RelaxedBubbleSort": "diffrank.operators.relaxed_bubble_sort",
+    "SinkhornSort": "diffrank.operators.sinkhorn",
+    "SoftSort": "diffrank.operators.softsort",
+    "SoftTopK": "diffrank.operators.soft_topk",
+    "SparseSoftTopK": "diffrank.operators.sparse_soft_topk",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name == "__all__":
-        return [*_OWN, *sorted(exported_classes())]
-    if not name.startswith("_") and name in (targets := exported_classes()):
-        return locate(targets[name])
+    if name in OPERATOR_MODULES:
+        return getattr(import_module(OPERATOR_MODULES[name]), name)
     raise AttributeError(f"module 'diffrank.operators' has no attribute '{name}'")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *exported_classes()})
+    return sorted({*globals(), *__all__})
 
 
 def available() -> list[str]:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -473,6 +473,19 @@ class RankingOperator(nn.Module):
         twice_differentiable: True if every capability passes ``gradgradcheck`` (exact second derivatives);
             False if some double backward raises :class:`DoubleBackwardError` (the message names the method and
             the alternative). Default True.
+        low_memory: True if the hook of every capability but the permutation forms no ``(B, m, n)`` buffer:
+            O(n log n) time and O(n) memory per set (:mod:`diffrank.operators.memory` names these methods when it
+            refuses a dense call). Default False.
+
+    Metadata of the operator table (docs/operators.md, :mod:`diffrank.operators.table`), set by every class that
+    a config targets, on the class itself (a subclass does not inherit its parent's paper):
+        paper: where the method comes from (authors, venue year, section / equation).
+        parameter: the paper's own parameter and its relation to β, e.g. ``τ = 1/β``, ``α = −1/β (…)`` or ``β (…)``
+            when the paper uses β itself; for the forms ``X = 1/β`` / ``X = −1/β`` the table prints the value at
+            the config's β.
+        canonical: only for a class that several configs target (``ComparatorNetwork``): the config whose values
+            are the constructor defaults. Such a class may give ``paper`` and ``parameter`` per config, as a
+            mapping config name → text.
 
     Raises:
         ValueError: on a non-positive or non-finite ``beta`` (a tensor β: also at any later call where it has left
@@ -486,6 +499,10 @@ class RankingOperator(nn.Module):
     sums_to_k: bool = True
     learnable_beta: bool = False
     twice_differentiable: bool = True
+    low_memory: bool = False
+    paper: str | Mapping[str, str] = ""
+    parameter: str | Mapping[str, str] = ""
+    canonical: str | None = None
 
     def __init__(self, beta: float | Tensor = 1.0) -> None:
         super().__init__()

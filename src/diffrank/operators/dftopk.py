@@ -43,6 +43,9 @@ class DFTopK(RankingOperator):
     sums_to_k = False
     learnable_beta = True  # σ(β (x - t)): autograd gives ∂/∂β
     hard_beta = 50.0  # σ(-50 × 0.225) < 2e-5: the contract's scores keep >= 0.225 from the midpoint
+    low_memory = True  # no (B, m, n) buffer but for the permutation (diffrank.operators.memory)
+    paper = "Zhu et al. 2025, arXiv 2510.11472 (σ(β(x − t)), t = midpoint of the k-th and (k+1)-th largest)"
+    parameter = "τ = 1/β"
 
     def __init__(self, beta: float | Tensor = 10.0, detach_threshold: bool = False) -> None:
         super().__init__(beta)

@@ -362,6 +362,9 @@ class FastSoftSort(RankingOperator):
     permutation_equivariant = True
     hard_beta = 100.0
     learnable_beta = True
+    low_memory = True  # no (B, m, n) buffer but for the permutation (diffrank.operators.memory)
+    paper = "Blondel, Teboul, Berthet, Djolonga, ICML 2020, §3-5, Prop. 3 (`l2` / `kl`)"
+    parameter = "ε = 1/β (regularisation strength)"
 
     def __init__(self, beta: float | Tensor = 1.0, regularization: str = "l2", backend: str = "auto") -> None:
         super().__init__(beta)

@@ -36,9 +36,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from diffrank._shared import PAV_TOL as TOL
 from diffrank.operators.aot import Kernels
-
-TOL = 1e-9  # the authors' partition tolerance (fast_soft_sort.numpy_ops._partition; torchsort's partition())
 
 
 def project_fwd(z, scale, order, w, worder, wrev, kl, mu, bid):  # pragma: no cover - compiled

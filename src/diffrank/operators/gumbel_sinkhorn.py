@@ -57,6 +57,10 @@ class GumbelSinkhorn(GumbelSampling, SinkhornSort):
         RuntimeWarning: the item marginals are still above ``tolerance`` after ``max_iter`` iterations.
     """
 
+    paper = ("Mena, Belanger, Linderman, Snoek, ICLR 2018, §3 "
+             "(Gumbel-Sinkhorn; log α = −β·C of our Sinkhorn, Cuturi et al. 2019)")
+    parameter = "ε = 1/β (entropic regularisation, on scores squashed to [0, 1])"
+
     def __init__(self, beta: float | Tensor = 100.0, noise_scale: float = 1.0, noise: bool | None = None,
                  samples: int = 1, generator: torch.Generator | None = None, tolerance: float | None = 1e-2,
                  max_iter: int = 2000, epsilon_start: float | None = 0.1, anneal: float = 0.95, check_every: int = 5,
@@ -119,6 +123,32 @@ def _check_tau(tau: float | Tensor) -> float | Tensor:
     return float(tau)
 
 
+def _check_arguments(log_alpha: Tensor, tau: float | Tensor, noise_scale: float, samples: int,
+                     generator: torch.Generator | None,
+                     schedule: SinkhornSchedule | None) -> tuple[float | Tensor, float]:
+    """:func:`gumbel_sinkhorn`'s arguments checked (its Raises); returns the validated ``(τ, σ)``."""
+    if not isinstance(log_alpha, Tensor) or not log_alpha.is_floating_point():
+        raise TypeError("log_alpha must be a floating-point torch.Tensor, got "
+                        + (f"dtype {log_alpha.dtype}" if isinstance(log_alpha, Tensor) else type(log_alpha).__name__))
+    if log_alpha.dim() != 3 or log_alpha.shape[1] != log_alpha.shape[2]:
+        raise ValueError(f"log_alpha must have shape (B, n, n), got {tuple(log_alpha.shape)}")
+    if log_alpha.is_meta:
+        raise ValueError("log_alpha is on the meta device: it has a shape but no values to normalise")
+    epsilon = _check_tau(tau)
+    noise_scale = _check_noise_scale(noise_scale)
+    if schedule is not None and not isinstance(schedule, SinkhornSchedule):
+        raise TypeError(f"schedule must be a SinkhornSchedule or None, got {type(schedule).__name__} (e.g. "
+                        "SinkhornSchedule(max_iter=500, tolerance=1e-3, epsilon_start=None))")
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ValueError(f"samples must be an integer >= 1, got {samples!r}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    # −inf is a mask (a forbidden assignment, weight 0); NaN and +inf have no meaning and would turn every entry NaN
+    raise_failed([(~(log_alpha.isnan() | (log_alpha == math.inf)).any(),
+                   ValueError("log_alpha contains NaN or +inf (−inf, a masked entry, is allowed)"))])
+    return epsilon, noise_scale
+
+
 def gumbel_sinkhorn(log_alpha: Tensor, tau: float | Tensor = 1.0, *, noise_scale: float = 1.0, noise: bool = True,
                     samples: int = 1, generator: torch.Generator | None = None,
                     schedule: SinkhornSchedule | None = None) -> Tensor:
@@ -154,25 +184,7 @@ def gumbel_sinkhorn(log_alpha: Tensor, tau: float | Tensor = 1.0, *, noise_scale
         RuntimeWarning: the column sums are still further than the schedule's tolerance from 1 after its
             ``max_iter`` iterations (a small τ needs more: raise ``max_iter`` in ``schedule``, or τ).
     """
-    if not isinstance(log_alpha, Tensor) or not log_alpha.is_floating_point():
-        raise TypeError("log_alpha must be a floating-point torch.Tensor, got "
-                        + (f"dtype {log_alpha.dtype}" if isinstance(log_alpha, Tensor) else type(log_alpha).__name__))
-    if log_alpha.dim() != 3 or log_alpha.shape[1] != log_alpha.shape[2]:
-        raise ValueError(f"log_alpha must have shape (B, n, n), got {tuple(log_alpha.shape)}")
-    if log_alpha.is_meta:
-        raise ValueError("log_alpha is on the meta device: it has a shape but no values to normalise")
-    epsilon = _check_tau(tau)
-    noise_scale = _check_noise_scale(noise_scale)
-    if schedule is not None and not isinstance(schedule, SinkhornSchedule):
-        raise TypeError(f"schedule must be a SinkhornSchedule or None, got {type(schedule).__name__} (e.g. "
-                        "SinkhornSchedule(max_iter=500, tolerance=1e-3, epsilon_start=None))")
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise ValueError(f"samples must be an integer >= 1, got {samples!r}")
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-    # −inf is a mask (a forbidden assignment, weight 0); NaN and +inf have no meaning and would turn every entry NaN
-    raise_failed([(~(log_alpha.isnan() | (log_alpha == math.inf)).any(),
-                   ValueError("log_alpha contains NaN or +inf (−inf, a masked entry, is allowed)"))])
+    epsilon, noise_scale = _check_arguments(log_alpha, tau, noise_scale, samples, generator, schedule)
     B, n, _ = log_alpha.shape
     x = log_alpha.unsqueeze(0).expand(samples, B, n, n)
     if noise and noise_scale > 0:

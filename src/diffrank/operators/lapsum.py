@@ -56,6 +56,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from diffrank._shared import unsort
 from diffrank.operators.backend import check_backend, use_triton
 from diffrank.operators.base import TOPK_MEMBERSHIP, Check, RankingOperator, beta_repr, raise_failed
 
@@ -183,10 +184,6 @@ def _sorted_knots(scores: Tensor, beta: float) -> tuple[Tensor, Tensor]:
     return -beta * s_sorted, order
 
 
-def _unsort(x_sorted: Tensor, order: Tensor) -> Tensor:
-    return torch.empty_like(x_sorted).scatter_(-1, order, x_sorted)
-
-
 def _numba_ok(x: Tensor) -> bool:
     """Whether the numba kernels may run on ``x``: a CPU tensor outside ``torch.compile``'s tracing (dynamo cannot
     trace into numba; the PyTorch path then computes the same values) and not a functorch-wrapped tensor (no data;
@@ -253,7 +250,7 @@ def _topk_vjp_graph(s: Tensor, k: Tensor, beta: float, v: Tensor) -> tuple[Tenso
     """
     n = s.shape[-1]
     live = k < n
-    b = _LapSumInverse.apply(s, torch.where(live, k, n / 2), beta)
+    b = _LapSumInverse.apply(s, torch.where(live, k, n / 2), beta, False)[0]
     z = -(beta * (s.unsqueeze(-2) - b.unsqueeze(-1))).abs()
     pi = torch.softmax(z, dim=-1)
     vpi = (v * pi).sum(-1, keepdim=True)
@@ -272,48 +269,66 @@ def _rank_vjp_graph(s: Tensor, beta: float, v: Tensor) -> Tensor:
 @_presigned
 class _LapSumInverse(torch.autograd.Function):
     """b[b, m] = Lap_s⁻¹(w_bm) in score units (α = -1/β): Σ_j F(β(s_j - b)) = w; ∂b_m/∂s_l = softmax_l(-β|b_m - s_l|),
-    ∂b_m/∂w_m = -1/(β S_m) (App. C.2). First-order backward: the O((n + M) log) sweep; a recorded backward
-    (create_graph, torch.func) takes :func:`_inverse_vjp_graph`, differentiable to every order."""
+    ∂b_m/∂w_m = -1/(β S_m) (App. C.2). Returns ``(b, *aux)`` (only b differentiable): aux is empty on the PyTorch
+    path and, with ``kernel`` (:func:`diffrank.kernels.lapsum.inverse_forward`), what the kernel's VJP reads.
+    First-order backward: the O((n + M) log) sweep, or the kernel's per-gap sums and two scans; a recorded backward
+    (create_graph, torch.func; for the kernel also a w that requires grad) takes :func:`_inverse_vjp_graph`,
+    differentiable to every order."""
 
     @staticmethod
-    def forward(scores: Tensor, w: Tensor, beta: float) -> Tensor:
+    def forward(scores: Tensor, w: Tensor, beta: float, kernel: bool = False) -> tuple[Tensor, ...]:
+        if kernel:
+            from diffrank.kernels.lapsum import inverse_forward
+
+            return inverse_forward(scores, w, beta)
         if _numba_ok(scores):
             t = _lapsum_cpu().thresholds(scores, beta, w)
         else:
             t = _thresholds(_sorted_knots(scores, beta)[0], w)
-        return -t / beta
+        return (-t / beta,)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
-        scores, _, ctx.beta = inputs
-        ctx.save_for_backward(scores, output)
+        scores, _, ctx.beta, _ = inputs
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.save_for_backward(scores, *output)
 
     @staticmethod
-    def vmap(info, in_dims, scores, w, beta):
+    def vmap(info, in_dims, scores, w, beta, kernel):
         """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
-        return _vmap_rows(_LapSumInverse, info, in_dims, scores, w, beta)
+        return _vmap_rows(_LapSumInverse, info, in_dims, scores, w, beta, kernel)
 
     @staticmethod
-    def backward(ctx, grad_b: Tensor):
-        scores, b = ctx.saved_tensors
+    def backward(ctx, grad_b: Tensor, *_aux):
+        scores, b, *aux = ctx.saved_tensors
         beta = ctx.beta
-        if torch.is_grad_enabled() or ctx.needs_input_grad[1] or b.shape[-1] <= _DENSE_MAX_TARGETS:
+        dense = not aux and b.shape[-1] <= _DENSE_MAX_TARGETS
+        if torch.is_grad_enabled() or ctx.needs_input_grad[1] or dense:
             grad_s, grad_w = _inverse_vjp_graph(scores, b, beta, grad_b, ctx.needs_input_grad[1])
-            return grad_s, grad_w, None
+            return grad_s, grad_w, None, None
+        if aux:  # the kernel's forward
+            from diffrank.kernels.lapsum import inverse_backward
+
+            return inverse_backward(*aux, beta, grad_b), None, None, None
         u, order = _sorted_knots(scores, beta)
-        return _unsort(_inverse_vjp(-beta * b, u, grad_b), order), None, None
+        return unsort(_inverse_vjp(-beta * b, u, grad_b), order), None, None, None
 
 
 @_presigned
 class _LapSumTopK(torch.autograd.Function):
     """p[b, m, i] = F(t_bm + β s_bi), t = Lap⁻¹(k_bm) (paper eq. (5)), the PyTorch closed form (any device, torch.func
-    transforms, torch.compile); returns ``(p, t)`` (t not differentiable); ``k`` ``(B, M)`` of the scores' dtype.
-    First-order VJP in O(M n); a recorded backward (create_graph, torch.func) takes :func:`_topk_vjp_graph`, so
-    second derivatives are exact."""
+    transforms, torch.compile), or with ``kernel`` the Triton launch :func:`diffrank.kernels.lapsum.topk_forward`;
+    returns ``(p, t)`` (t not differentiable); ``k`` ``(B, M)`` of the scores' dtype. First-order VJP in O(M n) (the
+    kernel's: one launch); a recorded backward (create_graph, torch.func) takes :func:`_topk_vjp_graph`, so second
+    derivatives are exact."""
 
     @staticmethod
-    def forward(scores: Tensor, k: Tensor, beta: float) -> tuple[Tensor, Tensor]:
+    def forward(scores: Tensor, k: Tensor, beta: float, kernel: bool = False) -> tuple[Tensor, Tensor]:
+        if kernel:
+            from diffrank.kernels.lapsum import topk_forward
+
+            return topk_forward(scores, k, beta)
         n = scores.shape[-1]
         full = k >= n
         w = torch.where(full, torch.full_like(k, n / 2), k)
@@ -327,22 +342,28 @@ class _LapSumTopK(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
-        scores, k, ctx.beta = inputs
+        scores, k, ctx.beta, ctx.kernel = inputs
         ctx.mark_non_differentiable(output[1])
         ctx.set_materialize_grads(False)  # no zeros for t: only p has a gradient
         ctx.save_for_backward(scores, output[1], k)
 
     @staticmethod
-    def vmap(info, in_dims, scores, k, beta):
+    def vmap(info, in_dims, scores, k, beta, kernel):
         """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
-        return _vmap_rows(_LapSumTopK, info, in_dims, scores, k, beta)
+        return _vmap_rows(_LapSumTopK, info, in_dims, scores, k, beta, kernel)
 
     @staticmethod
     def backward(ctx, grad_p: Tensor, _grad_t: None):
         scores, t, k = ctx.saved_tensors
         beta = ctx.beta
         if torch.is_grad_enabled():
-            grad_s, grad_k = _topk_vjp_graph(scores, k, beta, grad_p)
+            grad_s, grad_k = _topk_vjp_graph(scores, k.to(scores.dtype), beta, grad_p)
+            grad_k = grad_k.to(k.dtype)
+        elif ctx.kernel:
+            from diffrank.kernels.lapsum import topk_backward
+
+            grad_s, grad_k = topk_backward(scores, k, t, beta, grad_p)
+            grad_k = grad_k.to(k.dtype)
         else:
             x = t.unsqueeze(-1) + beta * scores.unsqueeze(-2)
             ex = torch.exp(-x.abs()) * (k < scores.shape[-1]).unsqueeze(-1)
@@ -352,7 +373,7 @@ class _LapSumTopK(torch.autograd.Function):
             # ∂p_i/∂s_l = β R (δ_il π_i - π_i π_l), R = ½ Σ e^{-|x|}: symmetric, zero row sums
             grad_s = (0.5 * beta * total * pi * (grad_p - vpi)).sum(-2)
             grad_k = vpi.squeeze(-1)
-        return grad_s, grad_k if ctx.needs_input_grad[1] else None, None
+        return grad_s, grad_k if ctx.needs_input_grad[1] else None, None, None
 
 
 class _LapSumTopKNumba(torch.autograd.Function):
@@ -401,36 +422,46 @@ _CPU = None
 
 @_presigned
 class _LapSumRank(torch.autograd.Function):
-    """R_i = 1 + Σ_{j≠i} F(β(s_j - s_i)) in O(n log n); returns ``(R, u, order, A + B - 2)`` (only R differentiable);
-    first-order VJP in O(n log n), a recorded backward :func:`_rank_vjp_graph` (paper Thm 3.2, App. C.2)."""
+    """R_i = 1 + Σ_{j≠i} F(β(s_j - s_i)) in O(n log n); returns ``(R, u, order, A + B)`` (only R differentiable), or
+    with ``kernel`` :func:`diffrank.kernels.lapsum.rank_forward`'s ``(R, s_sorted, order, A + B - 2)``; first-order
+    VJP in O(n log n) (the kernel's: the same scans), a recorded backward :func:`_rank_vjp_graph` (paper Thm 3.2,
+    App. C.2)."""
 
     @staticmethod
-    def forward(scores: Tensor, beta: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def forward(scores: Tensor, beta: float, kernel: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        if kernel:
+            from diffrank.kernels.lapsum import rank_forward
+
+            return rank_forward(scores, beta)
         n = scores.shape[-1]
         u, order = _sorted_knots(scores, beta)
         a = torch.exp(u + _exclusive_revlse(u)[..., 1:])  # Σ_{j>i} e^{u_i - u_j}
         b = torch.exp(_exclusive_cumlse(u)[..., :-1] - u)  # Σ_{j<i} e^{u_j - u_i}
         pos = torch.arange(1, n + 1, dtype=u.dtype, device=u.device)
-        return _unsort(pos + 0.5 * (a - b), order), u, order, a + b
+        return unsort(pos + 0.5 * (a - b), order), u, order, a + b
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
-        scores, ctx.beta = inputs
+        scores, ctx.beta, ctx.kernel = inputs
         _, u, order, ab = output
         ctx.mark_non_differentiable(u, order, ab)
         ctx.save_for_backward(scores, u, order, ab)
 
     @staticmethod
-    def vmap(info, in_dims, scores, beta):
+    def vmap(info, in_dims, scores, beta, kernel):
         """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
-        return _vmap_rows(_LapSumRank, info, in_dims, scores, beta)
+        return _vmap_rows(_LapSumRank, info, in_dims, scores, beta, kernel)
 
     @staticmethod
     def backward(ctx, grad_r: Tensor, *_aux):
-        scores, u, order, ab = ctx.saved_tensors
+        scores, u, order, ab = ctx.saved_tensors  # with the kernel, u holds the descending scores
         if torch.is_grad_enabled():
-            return _rank_vjp_graph(scores, ctx.beta, grad_r), None
+            return _rank_vjp_graph(scores, ctx.beta, grad_r), None, None
+        if ctx.kernel:
+            from diffrank.kernels.lapsum import rank_backward
+
+            return rank_backward(u, order, ab, ctx.beta, grad_r), None, None
         v = grad_r.gather(-1, order)
         # g_l = (β/2) [Σ_{j<l} e^{u_j-u_l} v_j + Σ_{j>l} e^{u_l-u_j} v_j - v_l (a_l + b_l)]
         acc = -v * ab
@@ -439,7 +470,7 @@ class _LapSumRank(torch.autograd.Function):
             below = torch.exp(_exclusive_cumlse(u + lm)[..., :-1] - u)
             above = torch.exp(_exclusive_revlse(u - lm)[..., 1:] + u)
             acc = acc + sign * (below + above)
-        return _unsort(0.5 * ctx.beta * acc, order), None
+        return unsort(0.5 * ctx.beta * acc, order), None, None
 
 
 def _topk(scores: Tensor, k: Tensor, beta: float, backend: str) -> Tensor:
@@ -460,11 +491,7 @@ def _topk(scores: Tensor, k: Tensor, beta: float, backend: str) -> Tensor:
     Returns:
         ``(B, M, n)``, dtype of ``scores``.
     """
-    if use_triton(backend, scores):
-        from diffrank.kernels.lapsum import lapsum_topk as kernel_topk
-
-        return kernel_topk(scores, k, beta)
-    return _LapSumTopK.apply(scores, k, beta)[0]
+    return _LapSumTopK.apply(scores, k, beta, use_triton(backend, scores))[0]
 
 
 class LapSum(RankingOperator):
@@ -499,6 +526,9 @@ class LapSum(RankingOperator):
     permutation_equivariant = True
     hard_beta = 100.0
     learnable_beta = True
+    low_memory = True  # no (B, m, n) buffer but for the permutation (diffrank.operators.memory)
+    paper = "Struski, Bednarczyk, Podolak, Tabor, ICML 2025, §3 (Thm 3.2 rank, Thm 3.3 top-k, Def. 3.5 P; real k)"
+    parameter = "α = −1/β (Laplace scale, negative = largest first)"
 
     def __init__(self, beta: float | Tensor = 1.0, backend: str = "auto") -> None:
         super().__init__(beta)
@@ -549,11 +579,7 @@ class LapSum(RankingOperator):
 
     def _inverse(self, s: Tensor, w: Tensor, beta: float) -> Tensor:
         """b = Lap_s⁻¹(w) in score units, ``(B, M)``, from the kernel or the PyTorch path."""
-        if use_triton(self.backend, s):
-            from diffrank.kernels.lapsum import lapsum_inverse
-
-            return lapsum_inverse(s, w, beta)
-        return _LapSumInverse.apply(s, w, beta)
+        return _LapSumInverse.apply(s, w, beta, use_triton(self.backend, s))[0]
 
     def _permutation(self, s: Tensor, k: int | None) -> Tensor:
         """Rows of P[j, i] = F(x_j,i) - F(x_{j-1},i), x_j,i = β(s_i - b_j), b_j = Lap⁻¹(j) (Def. 3.5)."""
@@ -642,11 +668,7 @@ class LapSum(RankingOperator):
     def _soft_rank(self, s: Tensor) -> Tensor:
         """Soft ranks R_i = 1 + Σ_{j≠i} F(β(s_j - s_i)) (Thm 3.2; rank 1 = largest, Σ R = n(n+1)/2)."""
         s, beta = self._scaled(s)
-        if use_triton(self.backend, s):
-            from diffrank.kernels.lapsum import lapsum_rank
-
-            return lapsum_rank(s, beta)
-        return _LapSumRank.apply(s, beta)[0]
+        return _LapSumRank.apply(s, beta, use_triton(self.backend, s))[0]
 
     def _soft_sort(self, s: Tensor) -> Tensor:
         """Soft sort, descending: sort_i = Lap_s⁻¹(i - ½) (§3.2 "soft orderings"); not sum-preserving."""

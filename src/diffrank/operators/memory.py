@@ -40,16 +40,6 @@ ENV = "DIFFRANK_MAX_DENSE_BYTES"
 DENSE_BUFFERS = 3
 CHECK_FROM_BYTES = 256 * 2**20
 
-# the methods whose hook of each capability forms no (B, m, n) buffer: O(n log n) time, O(n) memory per set
-# (fast soft sort: Blondel et al. 2020, §5, PAV; LapSum: Struski et al. 2025, §3, sort + prefix sums; sparse soft
-# top-k: Sander et al. 2023, PAV; DFTopK: one top-(k+1) and a sigmoid per item; SOFT top-k: Xie et al. 2020, Eq. 4,
-# transport onto two anchors, O(n) per Sinkhorn iteration). tests/operators/test_memory.py checks the list.
-LOW_MEMORY_METHODS = {
-    "soft_sort": ("fast_soft_sort", "lapsum"),
-    "soft_rank": ("fast_soft_sort", "lapsum"),
-    "topk_membership": ("lapsum", "sparse_soft_topk", "dftopk", "soft_topk"),
-}
-
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
@@ -74,6 +64,24 @@ def parse_bytes(text: str) -> float:
         raise ValueError(f"{ENV}={text!r}: expected a positive number of bytes, optionally with K, M, G or T "
                          "(binary: 8G = 8 GiB), or 'inf' to turn the memory check off")
     return float(m.group(1)) * _UNITS[m.group(2).upper()]
+
+
+def low_memory_methods() -> dict[str, tuple[str, ...]]:
+    """Capability → the operator configs whose hook of it forms no ``(B, m, n)`` buffer (O(n log n) time, O(n)
+    memory per set), sorted: the configs whose class sets ``low_memory = True`` (fast soft sort: Blondel et al. 2020,
+    §5, PAV; LapSum: Struski et al. 2025, §3, sort + prefix sums; sparse soft top-k: Sander et al. 2023, PAV; DFTopK:
+    one top-(k+1) and a sigmoid per item; SOFT top-k: Xie et al. 2020, Eq. 4, transport onto two anchors, O(n) per
+    Sinkhorn iteration), for each capability of the class but the permutation. Read from the configs when a call is
+    refused; tests/operators/test_memory.py checks that the methods named form no such buffer."""
+    from diffrank.registry import list_options, load_yaml, locate
+
+    out: dict[str, list[str]] = {}
+    for name in list_options("operator"):
+        cls = locate(load_yaml("operator", name)["_target_"])
+        if getattr(cls, "low_memory", False):
+            for capability in sorted(set(cls.capabilities) - {"permutation"}):
+                out.setdefault(capability, []).append(name)
+    return {capability: tuple(names) for capability, names in out.items()}
 
 
 def _read_int(path: Path) -> int | None:
@@ -220,11 +228,12 @@ def check_dense(owner: str, method: str, batch: int, rows: int, n: int, dtype: t
         limit, source = max(left, 0), f"memory left on {device} (free memory, cgroup and ulimit -v limits)"
     if need <= limit:
         return
-    cheap = LOW_MEMORY_METHODS.get(method)
+    low_memory = low_memory_methods()
+    cheap = low_memory.get(method)
     instead = (f"the methods that form no n x n matrix for {method}, O(n log n) time and O(n) memory per set: "
                f"{', '.join(cheap)}" if cheap else
                "P itself has that many entries: ask for its top k rows only (k=...), or for topk_membership / "
-               f"soft_sort / soft_rank of {', '.join(LOW_MEMORY_METHODS['soft_rank'])}")
+               f"soft_sort / soft_rank of {', '.join(low_memory['soft_rank'])}")
     raise DenseMemoryError(
         f"{owner}.{method} on {batch} set(s) of n = {n} items forms (B, m, n) = ({batch}, {rows}, {n}) {dtype} "
         f"buffers of {_fmt(need / DENSE_BUFFERS)} each (at least {DENSE_BUFFERS} at once: {_fmt(need)}), more "

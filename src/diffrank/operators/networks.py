@@ -299,6 +299,23 @@ def _cascade(M: int) -> list[np.ndarray]:
     return out
 
 
+def _place_cascade(lanes: np.ndarray, nextlayer: np.ndarray, layer_hi: list[list[np.ndarray]],
+                   layer_lo: list[list[np.ndarray]]) -> None:
+    """Add the splitter cascade over ``lanes`` (:func:`_cascade`) to the layers of :func:`splitter_selection`, in
+    the earliest layers after the lanes' last use (``nextlayer``, updated; new layers appended as needed)."""
+    o = int(nextlayer[lanes].max())
+    casc = _cascade(len(lanes))
+    D = len(casc)
+    while len(layer_hi) < o + D:
+        layer_hi.append([])
+        layer_lo.append([])
+    for i, j in enumerate(casc):
+        d = 1 << (D - 1 - i)
+        layer_hi[o + i].append(lanes[j])
+        layer_lo[o + i].append(lanes[j + d])
+    nextlayer[lanes] = o + D
+
+
 @functools.lru_cache(maxsize=256)
 def splitter_selection(n: int, k: int) -> Network:
     """Splitter selection network (Petersen et al. 2022, Appendix B): top k sorted on wires 0…k-1.
@@ -340,17 +357,7 @@ def splitter_selection(n: int, k: int) -> Network:
         todo = sorted((r for r, lanes in groups.items() if rkend < r < k and len(lanes) >= 2), reverse=True)
         for r in todo:
             lanes = groups.pop(r)
-            o = int(nextlayer[lanes].max())
-            casc = _cascade(len(lanes))
-            D = len(casc)
-            while len(layer_hi) < o + D:
-                layer_hi.append([])
-                layer_lo.append([])
-            for i, j in enumerate(casc):
-                d = 1 << (D - 1 - i)
-                layer_hi[o + i].append(lanes[j])
-                layer_lo[o + i].append(lanes[j + d])
-            nextlayer[lanes] = o + D
+            _place_cascade(lanes, nextlayer, layer_hi, layer_lo)
             new_rank = r + rsplit[: len(lanes)]
             for nr in np.unique(new_rank):
                 if nr >= k:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from diffrank.operators.backend import check_backend, use_triton
-from diffrank.operators.base import RankingOperator, beta_repr
+from diffrank.operators.base import RankingOperator, beta_repr, fold_vmapped
 
 
 def abs_diff_row_sums(scores: Tensor) -> Tensor:
@@ -39,6 +39,77 @@ def abs_diff_row_sums(scores: Tensor) -> Tensor:
     above = (total - prefix) - v * (n - 1 - i)  # Σ_{l>i} (v_l - v_i)
     sums_sorted = below + above
     return sums_sorted.scatter(-1, order, sums_sorted)  # out of place: vmap has a batching rule for it
+
+
+class _NeuralSortRows(torch.autograd.Function):
+    """The top k rows of P̂ through the Triton launches :func:`diffrank.kernels.neuralsort.rows_forward` and
+    :func:`~diffrank.kernels.neuralsort.rows_backward`; a recorded backward computes the same formulas in PyTorch
+    operations on the saved P (exact second derivatives); vmap folds into the batch."""
+
+    twice_differentiable = True  # the recorded backward is PyTorch operations (read by diffrank.losses.newton)
+
+    @staticmethod
+    def forward(scores: Tensor, row_sums: Tensor, k: int, beta: float) -> Tensor:
+        from diffrank.kernels.neuralsort import rows_forward
+
+        return rows_forward(scores, row_sums, k, beta)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
+        scores, row_sums, _, ctx.beta = inputs
+        ctx.dtypes = (scores.dtype, row_sums.dtype)
+        ctx.save_for_backward(output)
+
+    @staticmethod
+    def vmap(info, in_dims, scores, row_sums, k, beta):
+        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
+        size = info.batch_size
+        p = _NeuralSortRows.apply(fold_vmapped(scores, in_dims[0], size), fold_vmapped(row_sums, in_dims[1], size),
+                                  k, beta)
+        return p.unflatten(0, (size, -1)), 0
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (p,) = ctx.saved_tensors
+        B, k, n = p.shape
+        if torch.is_grad_enabled():  # a recorded backward: the same formulas in differentiable operations
+            dlogit = p * (grad - (p * grad).sum(-1, keepdim=True))
+            scale = (n - 1 - 2 * torch.arange(k, device=p.device, dtype=p.dtype)).view(1, k, 1)
+            return ((scale * dlogit).sum(1) * ctx.beta).to(ctx.dtypes[0]), \
+                (dlogit.sum(1) * -ctx.beta).to(ctx.dtypes[1]), None, None
+        from diffrank.kernels.neuralsort import rows_backward
+
+        ds, da = rows_backward(p, grad, ctx.beta)
+        return ds.to(ctx.dtypes[0]), da.to(ctx.dtypes[1]), None, None
+
+
+def neuralsort_topk_rows(scores: Tensor, row_sums: Tensor, k: int, beta: float) -> Tensor:
+    """Top ``k`` rows of the NeuralSort matrix P̂ with the fused Triton kernels of
+    :mod:`diffrank.kernels.neuralsort` (Grover et al. 2019, Eq. 5).
+
+    Args:
+        scores: ``(B, n)`` float16 / bfloat16 / float32 / float64 scores s on a CUDA device (or the CPU under
+            ``TRITON_INTERPRET=1``), validated by the caller (finite, ``n >= 1``).
+        row_sums: ``(B, n)`` the row sums (A_s 1)_j = Σ_l |s_j - s_l| of the same dtype and device
+            (:func:`abs_diff_row_sums`); gradients flow into it, and from it
+            to ``scores`` through whatever computed it.
+        k: number of rows (ranks 1..k, rank 1 = largest score), ``1 <= k <= n``.
+        beta: inverse temperature β = 1/τ > 0.
+
+    Returns:
+        ``(B, k, n)`` of the scores' dtype, row r = softmax_j(β ((n + 1 - 2r) s_j - (A_s 1)_j)) for
+        r = 1..k; rows sum to 1. Computed in float32 (float64 for float64 scores).
+
+    Raises:
+        ValueError: if the shapes disagree or ``k`` is outside ``[1, n]``.
+    """
+    if scores.dim() != 2 or row_sums.shape != scores.shape:
+        raise ValueError(f"scores and row_sums must both be (B, n), got {tuple(scores.shape)} and "
+                         f"{tuple(row_sums.shape)}")
+    if not 1 <= int(k) <= scores.shape[1]:
+        raise ValueError(f"k must satisfy 1 <= k <= n = {scores.shape[1]}, got {k}")
+    return _NeuralSortRows.apply(scores, row_sums, int(k), float(beta))
 
 
 class NeuralSort(RankingOperator):
@@ -66,6 +137,8 @@ class NeuralSort(RankingOperator):
     permutation_equivariant = True
     learnable_beta = True
     hard_beta = 200.0
+    paper = "Grover, Wang, Zweig, Ermon, ICLR 2019, Eq. 5 (row-stochastic, §3)"
+    parameter = "τ = 1/β"
 
     def __init__(self, beta: float | Tensor = 0.5, backend: str = "auto") -> None:
         super().__init__(beta)
@@ -79,8 +152,6 @@ class NeuralSort(RankingOperator):
         n = scores.shape[-1]
         r = n if k is None else k
         if not isinstance(self.beta, Tensor) and use_triton(self.backend, scores):
-            from diffrank.kernels.neuralsort import neuralsort_topk_rows
-
             return neuralsort_topk_rows(scores, abs_diff_row_sums(scores), r, self.beta)
         ranks = torch.arange(1, r + 1, device=scores.device, dtype=scores.dtype)
         scale = (n + 1 - 2 * ranks).view(1, r, 1)  # (1, r, 1)

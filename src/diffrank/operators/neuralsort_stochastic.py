@@ -44,6 +44,10 @@ class NeuralSortStochastic(GumbelSampling, NeuralSort):
         TypeError: a ``generator`` that is not a :class:`torch.Generator`.
     """
 
+    paper = ("Grover, Wang, Zweig, Ermon, ICLR 2019, §4 "
+             "(Plackett-Luce via Gumbel-perturbed log-scores, NeuralSort Eq. 5)")
+    parameter = "τ = 1/β"
+
     def __init__(self, beta: float | Tensor = 0.5, hard: bool = False, noise: bool | None = None, samples: int = 1,
                  generator: torch.Generator | None = None, backend: str = "auto") -> None:
         super().__init__(beta, backend)

@@ -92,6 +92,8 @@ class RelaxedBubbleSort(RankingOperator):
     doubly_stochastic = True
     permutation_equivariant = False
     learnable_beta = True  # plain autograd ops: ∂/∂β through every relaxed swap
+    paper = "Petersen, PhD thesis 2022, §2.3, Table 2.1 (n ≤ 128)"
+    parameter = "β (AlgoVision's `beta`)"
 
     def __init__(self, beta: float | Tensor = 8.0, sigmoid: str = "logistic", art_lambda: float = 0.25,
                  early_exit: bool = True) -> None:

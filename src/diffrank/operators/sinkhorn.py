@@ -80,6 +80,8 @@ class SinkhornSort(RankingOperator):
     permutation_equivariant = True
     hard_beta = 1e4
     learnable_beta = True
+    paper = "Cuturi, Teboul, Vert, NeurIPS 2019, §2-3 (the `sinkhorn_zto` form of Petersen et al. 2022, §5)"
+    parameter = "ε = 1/β (entropic regularisation, on scores squashed to [0, 1])"
 
     def __init__(self, beta: float | Tensor = 100.0, tolerance: float | None = 1e-2, max_iter: int = 2000,
                  epsilon_start: float | None = 0.1, anneal: float = 0.95, check_every: int = 5,

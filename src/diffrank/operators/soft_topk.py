@@ -212,6 +212,87 @@ class _SoftTopKOT(torch.autograd.Function):
         return grad_x.to(x.dtype), None, None, None, None, None, None, None
 
 
+class _SoftTopKNewton(torch.autograd.Function):
+    """A[b, m] = σ(z_b + Δ_bm) with Σ_i A = k_m by the fused Newton kernel
+    (:func:`diffrank.kernels.soft_topk.newton_forward`); backward by the implicit function theorem
+    (:func:`~diffrank.kernels.soft_topk.newton_backward`).
+
+    For ``torch.func`` the forward takes no ``ctx`` (Δ is an extra, non-differentiable output), ``vmap`` folds the
+    mapped dimension into the batch and ``info`` is a ``SimpleNamespace`` (not a pytree). A recorded backward
+    (``create_graph=True``, ``torch.func``) is the same formula in torch ops on the output, σ' = A (1 - A), which
+    autograd differentiates through this Function again: exact second derivatives.
+    """
+
+    twice_differentiable = True  # read by diffrank.losses.newton
+
+    @staticmethod
+    def forward(scores: Tensor, ks: Tensor, scale: Tensor, max_iter: int, info: SimpleNamespace
+                ) -> tuple[Tensor, Tensor]:
+        from diffrank.kernels.soft_topk import newton_forward
+
+        a, delta, info.iterations, info.error = newton_forward(scores, ks, scale, max_iter)
+        return a, delta
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
+        scores, _, scale = inputs[:3]
+        ctx.mark_non_differentiable(output[1])
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(scores, scale, output[1], output[0])
+
+    @staticmethod
+    def vmap(info, in_dims, scores, ks, scale, max_iter, stats):
+        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
+        return fold_vmap(info, in_dims, _SoftTopKNewton.apply, (scores, ks, scale, max_iter, stats), rows=(0, 2))
+
+    @staticmethod
+    def backward(ctx, grad_a: Tensor | None, _=None):
+        if grad_a is None:
+            return None, None, None, None, None
+        s, scale, delta, a = ctx.saved_tensors
+        if torch.is_grad_enabled():  # recorded: the implicit derivative in torch ops on A (differentiable)
+            w = (a * (1 - a)).double()
+            g = grad_a.double()
+            gbar = (w * g).sum(-1, keepdim=True) / w.sum(-1, keepdim=True).clamp_min(1e-300)
+            ds = (2 * scale.double().view(-1, 1, 1) * w * (g - gbar)).sum(1)
+            return ds.to(s.dtype), None, None, None, None
+        from diffrank.kernels.soft_topk import newton_backward
+
+        return newton_backward(s, scale, delta, a, grad_a), None, None, None, None
+
+
+def soft_topk_newton(scores: Tensor, ks: Tensor, eps: float, norm: Tensor, max_iter: int,
+                     info: dict | None = None) -> Tensor:
+    """SOFT top-k memberships A = n Γ^ε[:, 0] (Xie et al. 2020, eq. (4)) by the fused two-anchor Newton solve of
+    :mod:`diffrank.kernels.soft_topk`.
+
+    Args:
+        scores: ``(B, n)`` float32 / float64 on CUDA (or the CPU under ``TRITON_INTERPRET=1``), finite;
+            validated by the caller.
+        ks: ``(M,)`` targets, integers in [1, n - 1] (k = n is all ones: the caller's business).
+        eps: entropic regularisation ε = 1/β > 0.
+        norm: ``(B,)`` cost normalisation (max cost of the row or batch, or ones), treated as a constant.
+        max_iter: Newton iteration cap.
+        info: if given, receives ``"iterations"`` (the largest count over rows) and ``"error"`` (the largest
+            final |Σ_i A_i - k|).
+
+    Returns:
+        ``(B, M, n)`` of the scores' dtype (computed in float64); row m sums to k_m to the solver's
+        tolerance. Differentiable in the scores (implicit differentiation, App. H).
+
+    Raises:
+        Nothing of its own: the caller (:class:`SoftTopK`) validates the inputs and warns when the solve stops above
+        its tolerance.
+    """
+    scale = (1.0 / (eps * norm.double().reshape(-1))).contiguous()
+    stats = SimpleNamespace()
+    a = _SoftTopKNewton.apply(scores, ks, scale, max_iter, stats)[0]
+    if info is not None:
+        info["iterations"], info["error"] = stats.iterations, stats.error
+    return a
+
+
 def _shifted_cost(x: Tensor, y: Tensor, norm: Tensor) -> Tensor:
     """Row-shifted float64 costs C_ij - min_j C_ij of C_ij = (x_i - y_j)² / norm, ``(R, n, m)``.
 
@@ -316,6 +397,9 @@ class SoftTopK(RankingOperator):
     capabilities = frozenset({TOPK_MEMBERSHIP})
     permutation_equivariant = True
     hard_beta = 100.0
+    low_memory = True  # no (B, m, n) buffer but for the permutation (diffrank.operators.memory)
+    paper = "Xie et al., NeurIPS 2020, Eq. 3-4, Alg. 1, App. H"
+    parameter = "ε = 1/β (entropic regularisation)"
 
     def __init__(self, beta: float = 10.0, max_iter: int = 2000, tolerance: float | None = 1e-6,
                  check_every: int = 10, cost_normalization: str = "none", epsilon_start: float | None = 1.0,
@@ -358,8 +442,6 @@ class SoftTopK(RankingOperator):
 
     def _triton_newton(self, scores: Tensor, ks: list[int], x: Tensor, y: Tensor) -> Tensor:
         """``(B, len(ks), n)`` memberships for ks < n from the fused Newton kernel; warns like the PyTorch path."""
-        from diffrank.kernels.soft_topk import soft_topk_newton
-
         norm = _cost_norm(x, y, self.cost_normalization).reshape(-1)
         kt = torch.tensor(ks, dtype=torch.float64, device=x.device)
         info: dict = {}

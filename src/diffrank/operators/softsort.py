@@ -14,7 +14,72 @@ import torch
 from torch import Tensor
 
 from diffrank.operators.backend import check_backend, use_triton
-from diffrank.operators.base import RankingOperator, beta_repr
+from diffrank.operators.base import RankingOperator, beta_repr, fold_vmapped
+
+
+class _SoftSortRows(torch.autograd.Function):
+    """The top k rows of SoftSort through the Triton launches :func:`diffrank.kernels.softsort.rows_forward` and
+    :func:`~diffrank.kernels.softsort.rows_backward`; a recorded backward computes the same formulas in PyTorch
+    operations on the saved P (exact second derivatives); vmap folds into the batch."""
+
+    twice_differentiable = True  # the recorded backward is PyTorch operations (read by diffrank.losses.newton)
+
+    @staticmethod
+    def forward(scores: Tensor, top: Tensor, beta: float) -> Tensor:
+        from diffrank.kernels.softsort import rows_forward
+
+        return rows_forward(scores, top, beta)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
+        scores, top, ctx.beta = inputs
+        ctx.save_for_backward(scores, top, output)
+
+    @staticmethod
+    def vmap(info, in_dims, scores, top, beta):
+        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
+        size = info.batch_size
+        p = _SoftSortRows.apply(fold_vmapped(scores, in_dims[0], size), fold_vmapped(top, in_dims[1], size), beta)
+        return p.unflatten(0, (size, -1)), 0
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        s, t, p = ctx.saved_tensors
+        if torch.is_grad_enabled():  # a recorded backward: the same formulas in differentiable operations
+            dlogit = p * (grad - (p * grad).sum(-1, keepdim=True))
+            sign = torch.sign(s.unsqueeze(1) - t.unsqueeze(-1)).detach()  # (B, k, n); its derivative is 0
+            return ((sign * dlogit).sum(1) * -ctx.beta).to(s.dtype), ((sign * dlogit).sum(-1) * ctx.beta).to(t.dtype), \
+                None
+        from diffrank.kernels.softsort import rows_backward
+
+        ds, dt = rows_backward(s, t, p, grad, ctx.beta)
+        return ds.to(s.dtype), dt.to(t.dtype), None
+
+
+def softsort_topk_rows(scores: Tensor, k: int, beta: float) -> Tensor:
+    """Top ``k`` rows of the SoftSort matrix with the fused Triton kernels of
+    :mod:`diffrank.kernels.softsort` (Prillo & Eisenschlos 2020, Eq. 3).
+
+    Args:
+        scores: ``(B, n)`` float16 / bfloat16 / float32 / float64 on a CUDA device (or the CPU under
+            ``TRITON_INTERPRET=1``); validated by the caller (finite, ``n >= 1``).
+        k: number of rows (ranks 1..k, rank 1 = largest score), ``1 <= k <= n``.
+        beta: inverse temperature β = 1/τ > 0.
+
+    Returns:
+        ``(B, k, n)`` of the scores' dtype, P[r, j] = softmax_j(-β |t_r - s_j|) with t_r the r-th largest
+        score; rows sum to 1. Computed in float32 (float64 for float64 scores).
+
+    Raises:
+        ValueError: if ``scores`` is not 2-D or ``k`` is outside ``[1, n]``.
+    """
+    if scores.dim() != 2:
+        raise ValueError(f"scores must be (B, n), got {tuple(scores.shape)}")
+    if not 1 <= int(k) <= scores.shape[1]:
+        raise ValueError(f"k must satisfy 1 <= k <= n = {scores.shape[1]}, got {k}")
+    top = scores.topk(int(k), dim=-1, sorted=True).values
+    return _SoftSortRows.apply(scores, top, float(beta))
 
 
 class SoftSort(RankingOperator):
@@ -44,6 +109,8 @@ class SoftSort(RankingOperator):
     permutation_equivariant = True
     learnable_beta = True
     hard_beta = 100.0
+    paper = "Prillo & Eisenschlos, ICML 2020, Eq. 3 (row-stochastic)"
+    parameter = "τ = 1/β"
 
     def __init__(self, beta: float | Tensor = 0.5, power: float = 1.0, backend: str = "auto") -> None:
         super().__init__(beta)
@@ -62,8 +129,6 @@ class SoftSort(RankingOperator):
         """Top ``k`` (or all n) rows of the SoftSort matrix (Prillo & Eisenschlos 2020, Eq. 3)."""
         r = scores.shape[-1] if k is None else k
         if self.power == 1.0 and not isinstance(self.beta, Tensor) and use_triton(self.backend, scores):
-            from diffrank.kernels.softsort import softsort_topk_rows
-
             return softsort_topk_rows(scores, r, self.beta)
         top = scores.topk(r, dim=-1, sorted=True).values  # (B, r), descending
         dist = (top.unsqueeze(-1) - scores.unsqueeze(1)).abs()

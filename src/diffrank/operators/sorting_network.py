@@ -429,6 +429,104 @@ def reference_forward(net: Network, x: Tensor, beta: float, sigmoid: str, art_la
     return y
 
 
+class _NetKernel(torch.autograd.Function):
+    """The relaxed network through the fused kernels (:func:`diffrank.kernels.networks.network_forward` and
+    :func:`~diffrank.kernels.networks.network_backward`); one autograd node.
+
+    Its forward takes no ``ctx`` and returns the layer weights and differences (and the rows' ``y0``) as extra,
+    non-differentiable outputs, for ``torch.func``; ``vmap`` folds the mapped dimension into the batch. A backward
+    that is itself recorded (``create_graph=True``, ``torch.func``) is the exact, differentiable one of the
+    PyTorch path (:func:`differentiable_vjp`): second derivatives are exact. Forward mode (``torch.func.jacfwd`` /
+    ``hessian``) is the PyTorch path's JVP.
+    """
+
+    twice_differentiable = True  # read by diffrank.losses.newton
+
+    @staticmethod
+    def forward(x: Tensor, net, beta: float, sigmoid: str, art_lambda: float, mode: str,
+                y0: Tensor | None) -> tuple[Tensor, ...]:
+        from diffrank.kernels.networks import network_forward
+
+        return network_forward(x, net, beta, sigmoid, art_lambda, mode, y0)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
+        x, net, beta, sigmoid, art_lambda, mode, y0 = inputs
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.set_materialize_grads(False)  # no zero gradients for the intermediates
+        ctx.save_for_backward(x, *output[1:], y0)
+        ctx.save_for_forward(x, y0)
+        ctx.net, ctx.beta, ctx.sigmoid, ctx.art_lambda, ctx.mode = net, float(beta), sigmoid, float(art_lambda), mode
+
+    @staticmethod
+    def vmap(info, in_dims, x, net, beta, sigmoid, art_lambda, mode, y0):
+        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
+        return fold_vmap(info, in_dims, _NetKernel.apply, (x, net, beta, sigmoid, art_lambda, mode, y0), rows=(0, 6))
+
+    @staticmethod
+    def jvp(ctx, x_t: Tensor | None, *_):
+        """Forward mode (``torch.func.jacfwd`` / ``hessian``): the plain-autograd network's JVP, in float32."""
+        x, y0 = ctx.saved_tensors[0], ctx.saved_tensors[-1]  # (x, y0): those saved for forward mode
+
+        def f(xr):
+            """The plain-autograd network on float32 scores ``xr`` (B, n), the function forward mode differentiates."""
+            return reference_forward(ctx.net, xr, ctx.beta, ctx.sigmoid, ctx.art_lambda, ctx.mode,
+                                     None if y0 is None else y0.to(torch.float32))
+
+        return torch.func.jvp(f, (x.to(torch.float32),), (x_t.to(torch.float32),))[1], None, None
+
+    @staticmethod
+    def backward(ctx, g: Tensor | None, *_):
+        none = (None,) * 6
+        if g is None:
+            return (None, *none)
+        x, w, d, y0 = ctx.saved_tensors
+        if torch.is_grad_enabled():  # the backward is recorded: the exact, differentiable one
+            gx = differentiable_vjp(ctx.net, x.to(torch.float32), ctx.beta, ctx.sigmoid, ctx.art_lambda, ctx.mode,
+                                    y0, g.to(torch.float32))
+            return (gx.to(x.dtype), *none)
+        from diffrank.kernels.networks import network_backward
+
+        gx = network_backward(g, w, d, y0, ctx.net, ctx.beta, ctx.sigmoid, ctx.art_lambda, ctx.mode)
+        return (gx.to(x.dtype), *none)
+
+
+def network_kernel(net: Network, x: Tensor, beta: float, sigmoid: str, art_lambda: float, mode: str = "values",
+                   y0: Tensor | None = None) -> Tensor:
+    """The relaxed network with the fused kernels of :mod:`diffrank.kernels.networks`: same contract as
+    :func:`run_network` (Petersen et al. 2021, Eq. 1; rows by the bidirectional evaluation of Petersen et al. 2022,
+    Eq. 3).
+
+    Args:
+        net: a :class:`~diffrank.operators.networks.Network` on n wires with at least one layer.
+        x: ``(B, n)`` float32 scores on CUDA (or the CPU under ``TRITON_INTERPRET=1``), n <=
+            :data:`diffrank.kernels.networks.MAX_N`.
+        beta, sigmoid, art_lambda: the relaxed swap (:mod:`diffrank.operators.sigmoids`), validated by the caller.
+        mode: ``"values"`` → ``(B, n)`` track values; ``"rows"`` → ``y0 · P`` ``(B, m, n)`` for ``y0``
+            ``(1 or B, m, n)`` indexed by output track (full P: ``y0`` = I). Differentiable w.r.t. ``x``.
+
+    Returns:
+        float32 tensor of the shape above.
+
+    Raises:
+        ValueError: an unsupported shape / dtype (see :func:`diffrank.kernels.networks.supports`), an empty
+            network, or an unknown mode.
+    """
+    from diffrank.kernels import networks as kernels
+
+    if x.dim() != 2 or x.shape[1] != net.n or not kernels.supports(net.n, x.dtype):
+        raise ValueError(f"the network kernels need (B, {net.n}) float32 scores with n <= {kernels.MAX_N}, "
+                         f"got {tuple(x.shape)} {x.dtype}")
+    if not net.layers:
+        raise ValueError("the network kernels need a network with at least one layer")
+    if mode not in ("values", "rows") or (mode == "rows") != (y0 is not None):
+        raise ValueError(f"mode must be 'values' or 'rows' (the latter with y0), got {mode!r}")
+    if y0 is not None and (y0.dim() != 3 or y0.shape[0] not in (1, x.shape[0]) or y0.shape[2] != net.n):
+        raise ValueError(f"y0 must be (1 or {x.shape[0]}, m, {net.n}), got {tuple(y0.shape)}")
+    return _NetKernel.apply(x, net, beta, sigmoid, art_lambda, mode, y0)[0]
+
+
 NETWORKS = ("odd_even", "bitonic", "splitter_selection")
 
 
@@ -492,6 +590,20 @@ class ComparatorNetwork(RankingOperator):
 
     permutation_equivariant = False
     learnable_beta = True
+    canonical = "diffsort_bitonic"  # its values are the constructor defaults
+    paper = {  # per config: four configs target this class
+        "diffsort_bitonic": "Petersen, Borgelt, Kuehne, Deussen, ICML 2021 "
+                            "(bitonic network, every n: docs/conventions.md)",
+        "diffsort_odd_even": "Petersen, Borgelt, Kuehne, Deussen, ICML 2021, Eq. 1-2 (odd-even transposition network)",
+        "difftopk_bitonic": "Petersen, Kuehne, Borgelt, Deussen, ICML 2022, §3, Eq. 3 (bidirectional top-k rows)",
+        "difftopk_splitter": "Petersen, Kuehne, Borgelt, Deussen, ICML 2022, App. B (splitter selection network)",
+    }
+    parameter = {
+        "diffsort_bitonic": "β (steepness; for `sigmoid=reciprocal` the thesis' β is β/4; thesis Table 3.8)",
+        "diffsort_odd_even": "β (steepness; for `sigmoid=reciprocal` the thesis' β is β/4; thesis Table 3.8)",
+        "difftopk_bitonic": "β (steepness, difftopk's `inverse_temperature`)",
+        "difftopk_splitter": "β (steepness, difftopk's `inverse_temperature`)",
+    }
 
     def __init__(self, beta: float | Tensor = 10.0, sigmoid: str = "cauchy", art_lambda: float = 0.25,
                  network: str = "bitonic", backend: str = "auto", twice_differentiable: bool = False,
@@ -556,8 +668,6 @@ class ComparatorNetwork(RankingOperator):
         if self.plain_autograd or isinstance(self.beta, Tensor):
             return reference_forward(net, x, self.beta, self.sigmoid, self.art_lambda, mode, y0)
         if net.layers and self._kernel(x):
-            from diffrank.kernels.networks import network_kernel
-
             if mode == "full":  # P = I·M_T ⋯ M_1: the rows of the identity through the bidirectional pass
                 mode, y0 = "rows", torch.eye(net.n, dtype=x.dtype, device=x.device).unsqueeze(0)
             return network_kernel(net, x, self.beta, self.sigmoid, self.art_lambda, mode, y0)

@@ -649,6 +649,9 @@ class SparseSoftTopK(RankingOperator):
     permutation_equivariant = True
     learnable_beta = True  # z = βx enters the solve as a tensor: autograd gives ∂/∂β = Σ x ∂/∂z
     hard_beta = 4.0  # exact 0 / 1 once β × (gap around the k-th score) >= 1 (both p)
+    low_memory = True  # no (B, m, n) buffer but for the permutation (diffrank.operators.memory)
+    paper = "Sander, Puigcerver, Djolonga, Peyré, Blondel, ICML 2023, §3-4 (p = 4/3 or 2; exactly sparse)"
+    parameter = "λ = 1/β (weight of the p-norm regulariser)"
 
     def __init__(self, beta: float | Tensor = 10.0, p: float = 4 / 3, solver: str = "pav", max_iter: int = 500,
                  tolerance: float = 1e-9, backend: str = "auto") -> None:

@@ -1,23 +1,26 @@
-"""The operator table of the docs, generated from the registry (``configs/operator/*.yaml``).
+"""The operator table of the docs (docs/operators.md), generated from the registry (``configs/operator/*.yaml``)
+and the classes the configs target.
 
-Each operator config carries, besides its constructor arguments, tagged header comments that the table reads
-(YAML comments, so Hydra and :func:`diffrank.operators.load` ignore them):
+One row per config: the class and the arguments that differ from its constructor defaults (from ``_target_`` and
+the signature), the capabilities of the built operator (``load(name).capabilities``: they may depend on the
+arguments, e.g. the splitter network gives top-k membership only), β, and the class attributes of
+:class:`~diffrank.operators.base.RankingOperator` that say where the method comes from:
 
-- ``# paper: <authors, venue year, section / equation>``: where the method comes from;
-- ``# parameter: <the paper's own parameter and its relation to β>``, e.g. ``τ = 1/β``, ``α = −1/β (…)`` or
-  ``β (…)`` when the paper uses β itself; for the forms ``X = 1/β`` / ``X = −1/β`` the table prints the
-  value at the config's β;
-- ``# canonical: <why>``: only where several configs target one class (``diffsort_*`` / ``difftopk_*`` →
-  ``ComparatorNetwork``): the config whose values are the class's constructor defaults (exactly one of them).
-  A class targeted by one config has that config as its canonical one.
+- ``paper``: authors, venue year, section / equation;
+- ``parameter``: the paper's own parameter and its relation to β, e.g. ``τ = 1/β``, ``α = −1/β (…)`` or ``β (…)``
+  when the paper uses β itself; for the forms ``X = 1/β`` / ``X = −1/β`` the table prints the value at the
+  config's β;
+- ``canonical``: only for a class that several configs target (``diffsort_*`` / ``difftopk_*`` →
+  ``ComparatorNetwork``): the config whose values are the class's constructor defaults. Such a class gives
+  ``paper`` and ``parameter`` per config (a mapping config name → text). A class targeted by one config has that
+  config as its canonical one.
 
-The capabilities come from the built operator (``load(name).capabilities``: they may depend on the arguments,
-e.g. the splitter network gives top-k membership only), the class and the arguments that differ from its
-constructor defaults from ``_target_`` and the signature.
+Both texts must be set on the class itself (a subclass such as ``GumbelSinkhorn`` does not show its parent's).
 
 ``python -m diffrank.operators.table`` rewrites the block between ``<!-- operators:begin -->`` and
-``<!-- operators:end -->`` in README.md, docs/api.md and docs/conventions.md of the checkout (or the files
-given); ``--check`` only reports the files whose block differs (exit status 1), as the test does.
+``<!-- operators:end -->`` in docs/operators.md of the checkout (or the files given; README.md, docs/api.md and
+docs/conventions.md link to it); ``--check`` only reports the files whose block differs (exit status 1), as the
+test does.
 """
 
 from __future__ import annotations
@@ -27,55 +30,54 @@ import inspect
 import math
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from diffrank.operators.base import ALL_CAPABILITIES, PERMUTATION, SOFT_RANK, SOFT_SORT, TOPK_MEMBERSHIP
-from diffrank.registry import config_dir, list_options, load_yaml, locate
+from diffrank.registry import list_options, load_yaml, locate
 
 BEGIN, END = "<!-- operators:begin -->", "<!-- operators:end -->"
 COMMAND = "python -m diffrank.operators.table"
-TAGS = ("paper", "parameter", "canonical")
-REQUIRED_TAGS = ("paper", "parameter")
-_TAG = re.compile(rf"^# ({'|'.join(TAGS)}): (.+?)\s*$", re.MULTILINE)
+METADATA = ("paper", "parameter")
 _RELATION = re.compile(r"^(\S+) = ([-−]?)1/β")
 _ORDER = (PERMUTATION, TOPK_MEMBERSHIP, SOFT_SORT, SOFT_RANK)
 
 
-def tags(name: str) -> dict[str, str]:
-    """The tagged header comments (``# paper: …``, ``# parameter: …``, ``# canonical: …``) of an operator config.
-
-    Raises:
-        ValueError: unknown config (the message lists the known ones), or a tag given twice.
-    """
-    load_yaml("operator", name)  # the error for an unknown name
-    text = (config_dir() / "operator" / f"{name}.yaml").read_text(encoding="utf-8")
-    out: dict[str, str] = {}
-    for key, value in _TAG.findall(text):
-        if key in out:
-            raise ValueError(f"configs/operator/{name}.yaml has two '# {key}:' lines")
-        out[key] = value
+def metadata(name: str, cls: type) -> dict[str, str]:
+    """``paper`` and ``parameter`` of the config ``name`` from its class ``cls``: the class attribute, or its entry
+    for ``name`` where the class gives a mapping per config. Only what is set on ``cls`` itself counts (a subclass
+    does not show its parent's paper); a missing or empty text is left out."""
+    out = {}
+    for key in METADATA:
+        value = vars(cls).get(key, "")
+        value = value.get(name, "") if isinstance(value, Mapping) else value
+        if value:
+            out[key] = value
     return out
 
 
 def canonical_configs() -> dict[str, str]:
-    """``_target_`` → the name of its canonical config, for every class that an operator config targets.
+    """``_target_`` → the name of its canonical config, for every class that an operator config targets: the
+    class's ``canonical`` attribute, or its one config.
 
     Raises:
-        ValueError: a class targeted by several configs of which not exactly one has a ``# canonical:`` tag.
+        ValueError: a class targeted by several configs whose ``canonical`` names none of them, or a ``canonical``
+            that names no config of its class.
     """
     by_target: dict[str, list[str]] = {}
     for name in list_options("operator"):
         by_target.setdefault(load_yaml("operator", name)["_target_"], []).append(name)
     out = {}
     for target, names in by_target.items():
-        marked = [n for n in names if "canonical" in tags(n)] if len(names) > 1 else names
-        if len(marked) != 1:
-            raise ValueError(f"{target} is the target of configs {names}: exactly one of them needs a "
-                             f"'# canonical: …' line (the config whose values are the class defaults), got {marked}")
-        out[target] = marked[0]
+        canonical = getattr(locate(target), "canonical", None)
+        if canonical is None and len(names) == 1:
+            canonical = names[0]
+        if canonical not in names:
+            raise ValueError(f"{target} is the target of configs {names}: its class attribute canonical must name "
+                             f"the one whose values are the class defaults, got {canonical!r}")
+        out[target] = canonical
     return out
 
 
@@ -103,23 +105,25 @@ def rows() -> list[Row]:
     """One :class:`Row` per operator config, in the order of :func:`diffrank.operators.available`.
 
     Raises:
-        ValueError: a config without a ``# paper:`` / ``# parameter:`` line or without a ``beta``.
+        ValueError: a config without a ``beta``, or whose class does not give its ``paper`` / ``parameter``.
     """
     from diffrank.operators import load
 
     out = []
     for name in list_options("operator"):
-        cfg, tag = load_yaml("operator", name), tags(name)
-        missing = [t for t in REQUIRED_TAGS if t not in tag] + ([] if "beta" in cfg else ["beta"])
-        if missing:
-            raise ValueError(f"configs/operator/{name}.yaml lacks {missing} (the module docstring of "
-                             "diffrank.operators.table says what each holds)")
+        cfg = load_yaml("operator", name)
         cls = locate(cfg["_target_"])
+        meta = metadata(name, cls)
+        missing = [t for t in METADATA if t not in meta] + ([] if "beta" in cfg else ["beta"])
+        if missing:
+            raise ValueError(f"configs/operator/{name}.yaml lacks {missing} (paper and parameter are attributes "
+                             f"of {cls.__name__}: the module docstring of diffrank.operators.table says what each "
+                             "holds)")
         defaults = constructor_defaults(cls)
         args = {k: v for k, v in cfg.items() if not k.startswith("_") and k != "beta" and defaults.get(k, ...) != v}
         op = load(name)
         out.append(Row(name, cls.__name__, args, frozenset(op.capabilities), op.sums_to_k, float(cfg["beta"]),
-                       tag["parameter"], tag["paper"]))
+                       meta["parameter"], meta["paper"]))
     return out
 
 
@@ -145,7 +149,8 @@ def _capabilities(row: Row) -> str:
 
 def render() -> str:
     """The generated block (without the markers): a markdown table, one row per operator config."""
-    lines = [f"<!-- generated by `{COMMAND}` from configs/operator/*.yaml: edit those and rerun it -->",
+    lines = [f"<!-- generated by `{COMMAND}` from configs/operator/*.yaml and the operator classes: edit those "
+             "and rerun it -->",
              "| config | class (the config's other arguments) | capabilities | β | paper's parameter | paper |",
              "|---|---|---|---|---|---|"]
     for r in rows():
@@ -170,9 +175,8 @@ def replace_block(text: str, block: str, where: str = "the text") -> str:
 
 
 def default_files() -> list[Path]:
-    """README.md, docs/api.md and docs/conventions.md of the checkout this module lives in."""
-    root = Path(__file__).resolve().parents[3]
-    return [root / "README.md", root / "docs" / "api.md", root / "docs" / "conventions.md"]
+    """docs/operators.md of the checkout this module lives in (the one page with the table)."""
+    return [Path(__file__).resolve().parents[3] / "docs" / "operators.md"]
 
 
 def stale(files: Sequence[Path], block: str | None = None) -> list[Path]:

@@ -1,5 +1,6 @@
 """The divergence guard's chance check: validation accuracy back at chance after it was well above, measured
-against the gain over chance the run had reached (fake trainer and module: no training)."""
+against the gain over chance the run had reached (fake trainer and module: no training), and the record of a
+run whose loss explodes (one short training run)."""
 
 from __future__ import annotations
 
@@ -48,3 +49,37 @@ def test_the_chance_margin_is_a_fraction_of_the_gain():
             DivergenceGuard(chance_margin=bad)
     guard, trainer = _validate(2, (0.80, 0.74), DivergenceGuard(chance_margin=0.9))  # 0.74 - 0.5 <= 0.27
     assert trainer.should_stop
+
+
+def test_only_a_run_that_left_chance_falls_back_to_it_and_a_nan_loss_diverges():
+    """The Newton-loss run that diverged in epoch 21 (training loss 0.0 at 10 % on 10 classes): validation at
+    chance after it was above is divergence; a run that never left chance is not called diverged; a NaN training
+    loss is divergence at once."""
+    guard = DivergenceGuard()
+    metrics = {}
+    trainer = SimpleNamespace(sanity_checking=False, callback_metrics=metrics, datamodule=None, current_epoch=0,
+                              world_size=1, should_stop=False, global_step=0)
+    module = SimpleNamespace(num_classes=10)
+    for acc in (0.11, 0.3, 0.10):  # never learned much (a top-5 run's top-1, say): not a divergence
+        metrics["val/top1"] = torch.tensor(acc)
+        guard.on_validation_end(trainer, module)
+    assert guard.reason is None and not trainer.should_stop
+    for acc in (0.6, 0.9, 0.1):
+        metrics["val/top1"] = torch.tensor(acc)
+        guard.on_validation_end(trainer, module)
+    assert trainer.should_stop and "fell to 0.1000" in guard.reason
+    nan = DivergenceGuard()
+    nan.on_train_batch_end(trainer, module, {"loss": torch.tensor(float("nan"))}, None, 0)
+    assert "nan" in nan.reason
+
+
+def test_an_exploding_loss_is_recorded_as_diverged(tiny_run, tmp_path):
+    """T model.optimizer.lr=1e6: the run stops, its record says diverged (not done), a single run exits 3."""
+    from diffrank.experiments.records.record import RECORD_FILE, RunRecord
+    from diffrank.experiments.run.train import run
+
+    with pytest.raises(SystemExit) as stopped:
+        run(tiny_run(tmp_path, ["model.optimizer.lr=1e6", "trainer.max_epochs=3"]))
+    assert stopped.value.code == 3
+    rec = RunRecord.read(tmp_path / RECORD_FILE)
+    assert rec.status == "diverged" and "diverged" in rec.error and rec.optimizer_steps < 12

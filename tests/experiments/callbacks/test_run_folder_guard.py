@@ -181,3 +181,18 @@ def test_a_sweep_folder_that_cannot_be_created_is_refused_in_one_line(tmp_path):
     with pytest.raises(SystemExit, match=r"^refused: .*/file/sweep cannot be created or written \(Not a directory.*"
                                          r"hydra\.sweep\.dir=…\)$"):
         SweepSummary(wandb=False).on_multirun_start(config)
+
+
+def test_the_guard_refuses_before_hydra_writes_into_another_runs_folder(tmp_path):
+    """A new run into a finished run's folder is refused as a Hydra callback, before Hydra replaces the finished
+    run's .hydra/ files; a resume of it (ckpt_path in its folder) and a folder whose run failed without a
+    checkpoint pass."""
+    def config(ckpt=None):
+        return OmegaConf.create({"hydra": {"run": {"dir": str(tmp_path)}}, "ckpt_path": ckpt})
+
+    RunRecord.from_dict({"schema": 2, "status": "done", "run_id": "r1"}).write(tmp_path / RECORD_FILE)
+    with pytest.raises(SystemExit, match="holds run r1 .status done"):  # Hydra would turn an Exception into a warning
+        RunFolderGuard().on_run_start(config())
+    RunFolderGuard().on_run_start(config(str(tmp_path / LAST_CHECKPOINT)))
+    RunRecord.from_dict({"schema": 2, "status": "failed", "run_id": "r1"}).write(tmp_path / RECORD_FILE)
+    RunFolderGuard().on_run_start(config())

@@ -1,5 +1,5 @@
 """A checkpoint knows what it was trained with: resuming or evaluating it with other choices is refused
-(issue 25 items 3, 4, 10), unless ``+resume_with_changes=true``, which results.json records."""
+(another operator, P_K, split or model), unless ``+resume_with_changes=true``, which results.json records."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 import torch
 from omegaconf import open_dict
 
-from conftest import make_compose
-from diffrank.experiments.callbacks.run_identity import KEY, check_checkpoint, differences
+from diffrank.experiments.callbacks.run_identity import KEY, check_checkpoint, differences, read_checkpoint
+from diffrank.experiments.records.folder import LAST_CHECKPOINT
+from diffrank.experiments.records.record import RECORD_FILE, RunRecord
 from diffrank.experiments.run.train import train
 
 SMALL = ["data.n_train=256", "data.n_val=128", "data.n_test=128", "data.batch_size=64", "trainer.max_epochs=1",
@@ -27,7 +28,7 @@ def _cfg(compose_train, out: Path, overrides, small=SMALL):
 
 
 @pytest.fixture(scope="module")
-def sinkhorn_run(tmp_path_factory):
+def sinkhorn_run(tmp_path_factory, make_compose):
     """One short sinkhorn / half_top5 run on digits100: its last.ckpt."""
     out = tmp_path_factory.mktemp("sinkhorn")
     train(_cfg(make_compose(out), out, ["operator=sinkhorn", "pk=half_top5"]))
@@ -103,3 +104,62 @@ def test_old_checkpoint_without_identity_warns(tmp_path, caplog):
     torch.save({"state_dict": {}}, path)
     assert check_checkpoint(path, {"choices": {}}, evaluation=False, allow_changes=False) == []
     assert "holds no run identity" in caplog.text
+
+
+def _record(folder: Path) -> RunRecord:
+    rec = RunRecord.read(folder / RECORD_FILE)
+    assert rec is not None, f"no record in {folder}"
+    return rec
+
+
+def test_resume_with_other_code_is_warned_and_recorded_per_segment(tiny_run, tmp_path, caplog):
+    """Resuming a checkpoint after checking out other code: a warning names both versions, and the record lists
+    one segment per version."""
+    a = tmp_path / "a"
+    train(tiny_run(a, ["trainer.max_epochs=1"]))
+    last = a / LAST_CHECKPOINT
+    ckpt = torch.load(last, map_location="cpu", weights_only=False)
+    assert "diffrank_run_meta" in ckpt, "the checkpoint does not say which code wrote it"
+    ckpt["diffrank_run_meta"]["segments"][-1].update(git_sha="0123456789abcdef", git_dirty=False)
+    torch.save(ckpt, last)
+    with caplog.at_level("WARNING"):
+        train(tiny_run(tmp_path / "b", ["trainer.max_epochs=2", f"ckpt_path={last}"]))
+    assert "written by code 0123456789" in caplog.text
+    rec = _record(tmp_path / "b")
+    assert [s["from_step"] for s in rec.segments] == [0, 4]
+    assert rec.segments[0]["git_sha"] == "0123456789abcdef" and rec.segments[1]["git_sha"] == rec.git_sha
+    assert rec.code.startswith("0123456789+")
+
+
+def test_resume_that_changes_the_budget_is_refused_or_recorded(tiny_run, tmp_path):
+    """Resuming with +trainer.accumulate_grad_batches=2: refused; with +resume_with_changes=true the record shows
+    each segment's budget (4×64 + 2×128), not 6×128."""
+    train(tiny_run(tmp_path / "a", ["trainer.max_epochs=1"]))
+    last = tmp_path / "a" / LAST_CHECKPOINT
+    resume = ["trainer.max_epochs=2", f"ckpt_path={last}", "+trainer.accumulate_grad_batches=2"]
+    with pytest.raises(ValueError, match="accumulate_grad_batches: 1 → 2"):
+        train(tiny_run(tmp_path / "b", resume))
+    train(tiny_run(tmp_path / "c", [*resume, "+resume_with_changes=true"]))
+    rec = _record(tmp_path / "c")
+    assert rec.optimizer_steps == 6 and rec.budget == "4×64+2×128"
+    assert any("accumulate_grad_batches" in c for c in rec.resumed_with_changes)
+
+
+def test_unreadable_ckpt_path_says_so(tiny_run, tmp_path):
+    """A truncated, byte-flipped or non-checkpoint ckpt_path: "not a readable checkpoint" / "not a Lightning
+    checkpoint", naming the file."""
+    good = tmp_path / "good.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(1000)}, "epoch": 0}, good)
+    data = good.read_bytes()
+    bad = {"truncated.ckpt": data[: len(data) // 2], "flipped.ckpt": bytes(b ^ 0xFF for b in data[:64]) + data[64:],
+           "text.ckpt": b"not a checkpoint\n"}
+    for name, content in bad.items():
+        (tmp_path / name).write_bytes(content)
+    with pytest.raises(ValueError, match="truncated.ckpt is not a readable checkpoint"):
+        train(tiny_run(tmp_path / "run", ["train=false", f"ckpt_path={tmp_path / 'truncated.ckpt'}"]))
+    for name in bad:
+        with pytest.raises(ValueError, match=f"{name} is not a readable checkpoint"):
+            read_checkpoint(tmp_path / name)
+    torch.save([1, 2], tmp_path / "list.ckpt")
+    with pytest.raises(ValueError, match="list.ckpt is not a Lightning checkpoint"):
+        read_checkpoint(tmp_path / "list.ckpt")

@@ -158,7 +158,7 @@ def test_paper_key_schemes():
 
 
 def test_nan_rows_name_the_file_and_rows(tmp_path):
-    """Issue 25 item 9: NaN rows reached the operator ("scores contain non-finite values"), the data not named."""
+    """NaN rows reached the operator ("scores contain non-finite values"), the data not named."""
     root = write_embedding_cache(tmp_path / "c", n_train=600, n_test=500, dim=DIM, num_classes=CLASSES)
     emb = np.load(root / "test_embeddings.npy")
     emb[7, 3] = np.nan

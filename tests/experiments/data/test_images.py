@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import DATA, real_data
 from diffrank.experiments.data.images import (
     ImageDataModule,
     MultiPassSampler,
@@ -15,6 +14,7 @@ from diffrank.experiments.data.images import (
     random_crop_flip,
 )
 from experiments.data.image_files import write_cifar10, write_cifar100, write_mnist
+from helpers import DATA, real_data
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +184,7 @@ def _copy(root, tmp_path, folder):
 
 
 def test_truncated_mnist_idx_file_is_named(root, tmp_path):
-    """Issue 25 item 9: a truncated idx file ended in torchvision's reshape error, the file not named."""
+    """A truncated idx file ended in torchvision's reshape error, the file not named."""
     raw = _copy(root, tmp_path, "MNIST")
     path = raw / "raw" / "train-images-idx3-ubyte"
     path.write_bytes(path.read_bytes()[:5000])
@@ -194,7 +194,7 @@ def test_truncated_mnist_idx_file_is_named(root, tmp_path):
 
 
 def test_mnist_labels_out_of_range_are_refused(root, tmp_path):
-    """Issue 25 item 9: labels out of range failed at validation, in a raw scatter_add_ index error."""
+    """Labels out of range failed at validation, in a raw scatter_add_ index error."""
     import numpy as np
 
     from experiments.data.image_files import write_idx
@@ -227,7 +227,7 @@ def test_cifar100_rows_of_the_wrong_width_are_named(root, tmp_path):
 
 
 def test_gzip_file_under_the_uncompressed_name_is_named(root, tmp_path):
-    """Issue 37: a .gz archive saved as train-images-idx3-ubyte gave torchvision's bare AssertionError."""
+    """A .gz archive saved as train-images-idx3-ubyte gave torchvision's bare AssertionError."""
     import gzip
 
     for folder, name, train in (("MNIST", "mnist", True), ("cifar-100-python", "cifar100", False)):
@@ -239,7 +239,7 @@ def test_gzip_file_under_the_uncompressed_name_is_named(root, tmp_path):
 
 
 def test_canonical_size_file_with_zeroed_pixels_is_refused(tmp_path):
-    """Issue 37 case 5: an MNIST train-images file of the right size with zeroed pixels trained to 9.70 % and was
+    """An MNIST train-images file of the right size with zeroed pixels trained to 9.70 % and was
     recorded as done. A file of the canonical size is compared with the canonical md5; another data set's file is
     named as such; a constant image set of any size is refused."""
     import numpy as np

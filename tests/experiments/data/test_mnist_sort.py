@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import DATA, real_data
 from diffrank.experiments.data.mnist_sort import MNIST_FILES, MultiDigitSortDataModule, load_mnist, number_values
+from helpers import DATA, real_data
 
 N_TRAIN, N_TEST = 60, 20
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import options
 from diffrank.experiments.data.digits import DigitsDataModule
 from diffrank.experiments.data.mnist_sort import MultiDigitSortDataModule
 from diffrank.experiments.data.samplers import EpochSampler
+from helpers import options
 
 PAIRS = dict(pairs=True, n_train=256, n_val=64, n_test=64, batch_size=32)
 

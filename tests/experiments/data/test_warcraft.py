@@ -180,7 +180,7 @@ def test_verify_md5_rejects_other_files(tmp_path):
 
 
 def test_truncated_npy_file_is_named(tmp_path):
-    """Issue 25 item 9: numpy's "mmap length is greater than file size", the file not named."""
+    """numpy's "mmap length is greater than file size", the file not named."""
     folder = write_warcraft(tmp_path, 4, (3, 2, 2))
     path = folder / split_files("train")[0]
     path.write_bytes(path.read_bytes()[:300])
@@ -190,7 +190,7 @@ def test_truncated_npy_file_is_named(tmp_path):
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
 def test_non_finite_or_negative_vertex_costs_are_refused(tmp_path, bad):
-    """Issue 25 item 5: a NaN vertex weight in the test split gave test/cost_ratio nan %, status done."""
+    """A NaN vertex weight in the test split gave test/cost_ratio nan %, status done."""
     folder = write_warcraft(tmp_path, 4, (3, 2, 2))
     path = folder / split_files("test")[1]
     weights = np.load(path)

@@ -10,7 +10,6 @@ import torch
 from omegaconf import OmegaConf
 from scipy.stats import ttest_ind
 
-from conftest import CONFIGS, options
 from diffrank import reference
 from diffrank.experiments.analysis import report
 from diffrank.experiments.models.nets import FullyConnected, LeNet5
@@ -18,6 +17,7 @@ from diffrank.experiments.records.record import RunRecord
 from diffrank.experiments.run.composition import row_newton
 from diffrank.experiments.run.train import train
 from experiments.data.image_files import write_mnist
+from helpers import CONFIGS, options
 
 ROWS = [e for e in options("experiment") if e.startswith("classification/thesis_t7_1/")]
 NEWTON = {"Regular": "none", "Newton L. (e.w. H)": "elementwise_hessian", "Newton L. (H)": "hessian",

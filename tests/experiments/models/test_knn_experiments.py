@@ -7,7 +7,6 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import CONFIGS, DATA, options, real_data
 from diffrank import reference
 from diffrank.experiments.models.autoencoder import ConvAutoEncoder
 from diffrank.experiments.models.knn import KNNClassifier
@@ -16,6 +15,7 @@ from diffrank.experiments.run.train import train
 from diffrank.losses.knn import NeighbourLoss
 from diffrank.operators import load
 from experiments.data.image_files import write_cifar10, write_mnist
+from helpers import CONFIGS, DATA, options, real_data
 
 CONFIGS_KNN = [e for e in options("experiment") if e.startswith("knn/")]
 PROTOCOLS = ["knn/mnist", "knn/fashion_mnist", "knn/cifar10"]
@@ -150,3 +150,12 @@ def test_real_mnist_pixels_baseline_matches_its_published_range(compose_train):
     cfg.callbacks = {k: v for k, v in cfg.callbacks.items() if k != "rich_progress_bar"}
     metrics, _ = train(cfg)
     assert 0.95 < metrics["test/top1"] < 0.99
+
+
+@pytest.mark.slow  # ~8 s each on 2 cores
+@pytest.mark.parametrize("name", ["sparse_soft_topk", "dftopk"])
+def test_the_sparse_topk_operators_train_the_knn_protocol(compose_train, name):
+    """The sparse soft top-k and DFTopK through the deep kNN protocol with ``fast_dev_run``."""
+    metrics, _ = train(compose_train(["model=knn", "data=digits", f"operator={name}", "data.batch_size=60",
+                                      "model.num_queries=30", "model.net.padding=2", "trainer.fast_dev_run=true"]))
+    assert 0 <= metrics["test/top1"] <= 1

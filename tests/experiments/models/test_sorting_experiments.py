@@ -9,7 +9,6 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import CONFIGS, options
 from diffrank import reference
 from diffrank.experiments.models.sorting import (
     MultiDigitCNN,
@@ -24,6 +23,7 @@ from diffrank.losses.newton import NewtonLoss
 from diffrank.losses.resgro import ResgroLoss, kendall_tau_objective
 from diffrank.operators import load
 from diffrank.registry import config_dir, list_options, load_yaml
+from helpers import CONFIGS, options
 
 PROTOCOLS = ["sorting/mnist", "sorting/svhn"]
 ROWS = [e for e in options("experiment") if e.startswith("sorting/") and e not in PROTOCOLS]
@@ -241,7 +241,7 @@ def test_hessian_rows_of_sorting_networks_run_the_twice_differentiable_network(c
     loss = objects["loss"]
     assert isinstance(loss, NewtonLoss) and loss.variant == "hessian" and loss.operator.twice_differentiable
     assert {"test/em", "test/ew"} <= set(metrics)
-    # the fused network's double backward is exact too (issue 35): the same row trains with it
+    # the fused network's double backward is exact too: the same row trains with it
     fused, _ = train(compose_train([f"experiment={name}", "operator.twice_differentiable=false", *SMALL]))
     assert {"test/em", "test/ew"} <= set(fused)
 

@@ -8,13 +8,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import CONFIGS, options
 from diffrank import reference
 from diffrank.experiments.models.classifier import TopKClassifier
 from diffrank.experiments.models.nets import CifarResNet18
 from diffrank.experiments.rows import topk as gen
 from diffrank.experiments.run.train import train
 from experiments.data.image_files import write_cifar100
+from helpers import CONFIGS, options
 
 TOPK = [e for e in options("experiment") if e.startswith("topk/")]
 ROWS = [e for e in TOPK if e.startswith("topk/icml2022_t")]

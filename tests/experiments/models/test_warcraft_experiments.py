@@ -10,15 +10,16 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import CONFIGS, options
 from diffrank import reference
 from diffrank.experiments.algorithms.bellman_ford import RelaxedBellmanFord
 from diffrank.experiments.algorithms.newton import NewtonAlgorithm
 from diffrank.experiments.analysis import report as compare
 from diffrank.experiments.models.shortest_path import CombResNet18, ShortestPathModule
+from diffrank.experiments.records import matching
 from diffrank.experiments.run.composition import row_newton
 from diffrank.experiments.run.train import train
 from experiments.data.warcraft_files import write_warcraft
+from helpers import CONFIGS, options
 
 CONFIGS_WARCRAFT = [e for e in options("experiment") if e.startswith("warcraft/")]
 PROTOCOLS = ["warcraft/shortest_path"]
@@ -182,7 +183,7 @@ def test_report_has_a_warcraft_section_cell_by_cell(tmp_path):
         (tmp_path / name / "results.json").write_text(json.dumps({
             "status": "done", "paper": paper, "synthetic_data": True, "global_step": 7150, "global_batch": 70,
             "metrics": {"test/em_path": em, "test/cost_ratio": 1.01, "val/em_path": em}}))
-    result = compare.collect([tmp_path])
+    result = matching.collect([tmp_path])
     assert result["runs"] == 3 and not result["unmatched"]
     t22 = result["tables"][("petersen_thesis_2022", "2.2")]
     assert len(t22) == 1
@@ -206,7 +207,7 @@ def test_report_never_pools_synthetic_with_real_runs(tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "results.json").write_text(json.dumps({
             "status": "done", "paper": paper, "synthetic_data": synthetic, "metrics": {"test/em_path": em}}))
-    header, cells = compare.table_rows(compare.collect([tmp_path])["tables"][("petersen_thesis_2022", "2.2")])
+    header, cells = compare.table_rows(matching.collect([tmp_path])["tables"][("petersen_thesis_2022", "2.2")])
     rows = sorted((r[header.index("data")], r[header.index("ours")], r[header.index("runs")]) for r in cells)
     assert rows == [("real", "90.00", "1"), ("synthetic", "50.00", "1")]
 
@@ -235,7 +236,7 @@ def test_report_sections_of_chapter_7_and_newton_runs_of_another_lambda_apart(tm
     (tmp_path / "t72" / "results.json").write_text(json.dumps({
         "status": "done", "paper": sorting, "optimizer_steps": 100, "global_batch": 100,
         "metrics": {"test/em": 0.5, "test/ew": 0.7}}))
-    result = compare.collect([tmp_path])
+    result = matching.collect([tmp_path])
     assert not result["unmatched"]
     assert {t for _, t in result["tables"]} == {"7.2", "7.4", "7.6", "7.7"}
     header, cells = compare.table_rows(result["tables"][("petersen_thesis_2022", "7.4")])

@@ -5,7 +5,7 @@ The report over run folders is this module's command line (:func:`main`; :func:`
 
     python -m diffrank.experiments.analysis.report RUN_DIR... [--out outputs/report] [--metric-prefix test/] [--quiet]
 
-(also ``diffrank-report`` and ``scripts/compare_to_paper.py``; ``RUN_DIR`` may also be, or hold, run archives:
+(also ``diffrank-report``; ``RUN_DIR`` may also be, or hold, run archives:
 :mod:`diffrank.experiments.records.archive`): ``report.md`` and ``report.png`` in ``--out``,
 the tables on the console, and, for runs of the offline P_K benchmark (a ``paper:`` key with a ``benchmark`` field,
 :mod:`diffrank.experiments.analysis.report_pk`), their P_K x method grid beside the paper's CIFAR-100 one in
@@ -62,20 +62,10 @@ from pathlib import Path
 from typing import Any
 
 from diffrank.experiments.records.archive import SUFFIX, find_records_with_files
-from diffrank.experiments.records.paper_rows import (  # noqa: F401 - report.<name> as before
-    LABEL_COLUMNS,
-    SIGNIFICANCE,
-    collect,
-    collect_runs,
-    copy_lines,
-    decimals,
-    fmt,
-    is_fraction,
-    select_beta,
-    significance,
-    table_rows,
-)
-from diffrank.experiments.records.record import RunRecord, write_atomic
+from diffrank.experiments.records.disk import write_atomic
+from diffrank.experiments.records.matching import collect_runs
+from diffrank.experiments.records.record import RunRecord
+from diffrank.experiments.records.table_cells import table_rows
 
 # the config groups a run of no paper row is described by (its record's ``choices``), in this order
 CONFIG_CHOICES = ("experiment", "data", "net", "loss", "operator", "pk", "newton")
@@ -331,7 +321,7 @@ def save_figure(fig: Any, path: Path, dpi: int = 120) -> Path:
 
 
 def write_text(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` atomically (:func:`~diffrank.experiments.records.record.write_atomic`: a
+    """Write ``text`` to ``path`` atomically (:func:`~diffrank.experiments.records.disk.write_atomic`: a
     failed write leaves no partial file). Returns the path.
 
     Raises:
@@ -408,13 +398,13 @@ def write_report(paths: Iterable[str | Path], out: str | Path = "outputs/report"
         quiet: print only the line naming the files.
 
     Returns:
-        The collected result (:func:`collect`), with ``others``: the runs of no paper row (:func:`other_runs`),
-        a section of their own in ``report.md`` and on the console.
+        The collected result (:func:`~diffrank.experiments.records.matching.collect`), with ``others``: the runs
+        of no paper row (:func:`other_runs`), a section of their own in ``report.md`` and on the console.
 
     Raises:
-        FileNotFoundError / ValueError: see :func:`collect`; ValueError also when no record has a metric starting
-            with ``metric_prefix`` (a misspelt prefix: the message lists those the records have; for the default
-            ``test/``, runs that were not tested, a warning).
+        FileNotFoundError / ValueError: see :func:`~diffrank.experiments.records.matching.collect`; ValueError
+            also when no record has a metric starting with ``metric_prefix`` (a misspelt prefix: the message lists
+            those the records have; for the default ``test/``, runs that were not tested, a warning).
         OSError: a file of ``out`` cannot be written (the message names it; no partial file is left).
     """
     from diffrank.experiments.analysis.report_pk import reports

@@ -34,8 +34,9 @@ from typing import Any
 
 from diffrank import reference
 from diffrank.experiments.records.archive import find_records
-from diffrank.experiments.records.paper_rows import canonical_pk
-from diffrank.experiments.records.record import RunRecord, write_atomic
+from diffrank.experiments.records.disk import write_atomic
+from diffrank.experiments.records.record import RunRecord
+from diffrank.experiments.records.table_cells import canonical_pk
 
 PAPER = "petersen_difftopk_icml2022"
 PK_ORDER = ("[1,0,0,0,0]", "[0,0,0,0,1]", "[.5,0,0,0,.5]", "[.25,0,0,0,.75]", "[.1,0,0,0,.9]", "[.2,.2,.2,.2,.2]")

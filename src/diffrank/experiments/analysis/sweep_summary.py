@@ -40,7 +40,8 @@ from typing import Any
 
 import yaml
 
-from diffrank.experiments.records.record import RECORD_FILE, RunRecord, write_atomic
+from diffrank.experiments.records.disk import write_atomic
+from diffrank.experiments.records.record import RECORD_FILE, RunRecord
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
 """Lightning callbacks and plugins for reproducible runs: checkpoint selection with a tie rule, ``last.ckpt``
 after every validation, atomic checkpoint files, the state that exact resumption needs, the choices a checkpoint
 was trained with (and the run's id and segments), a divergence guard, a run-time estimate printed early in a run;
-and the Hydra callback that ends every multirun in a summary
+the loggers a run builds (:mod:`diffrank.experiments.callbacks.loggers`); the environment a sweep hands its jobs
+(:mod:`diffrank.experiments.callbacks.job_env`); and the Hydra callback that ends every multirun in a summary
 (:class:`diffrank.experiments.callbacks.hydra_callbacks.SweepSummary`)."""
 
 from diffrank.experiments.callbacks.checkpoint import AtomicCheckpointIO, ModelCheckpoint

@@ -34,7 +34,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 
-from diffrank.experiments.records.record import no_space_error
+from diffrank.experiments.records.disk import no_space_error
 
 TIE_RULES = ("later", "earlier")
 

@@ -4,7 +4,7 @@ chance after it was above it stops, and its record says ``diverged`` instead of 
 Such runs otherwise look finished: a classifier trained with ``model.optimizer.lr=1e6`` reaches a training loss of
 4.6e22 and 1.17 % test accuracy and exits 0; a Newton-loss run that diverged in epoch 21 logged a training loss of
 0.0 at 10 % accuracy (chance for 10 classes) for 180 more epochs. The report never pools a diverged run with
-finished ones (:func:`diffrank.experiments.records.paper_rows.collect_runs` takes ``status: done`` only).
+finished ones (:func:`diffrank.experiments.records.matching.collect_runs` takes ``status: done`` only).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ single run never starts in another run's folder (:class:`RunFolderGuard`).
 Hydra calls ``on_multirun_end`` only when every job succeeded (a failed job makes the sweeper raise at the end):
 from the first failed job on, ``on_job_end`` writes the summary after every job instead (the failed jobs listed
 with their errors). A job stopped by SIGTERM / SIGINT / SIGHUP
-(:class:`~diffrank.experiments.records.folder.RunInterrupted`) ends the process there, after the summary, with exit
+(:class:`RunInterrupted`, raised by the training runner) ends the process there, after the summary, with exit
 status 128 + the signal (a single run too). ``python -m diffrank.experiments.analysis.sweep_summary SWEEP_DIR``
 writes the same files at any time.
 """
@@ -33,6 +33,27 @@ from omegaconf import DictConfig, OmegaConf, read_write
 log = logging.getLogger(__name__)
 
 OPTUNA_FINISHED_STATES = ("COMPLETE", "PRUNED", "FAIL")
+
+
+class RunInterrupted(Exception):
+    """A run stopped by a signal (SIGTERM: ``kill``, ``timeout``, a scheduler's preemption; SIGINT: Ctrl-C; SIGHUP: a
+    closed terminal or ssh connection) after its record (``status: interrupted``, with the resume command) was
+    written. The training runner raises it, the multirun summary (:class:`SweepSummary`) lists the job, and the
+    process exits with :attr:`exit_code` (128 + the signal number, as a shell reports a death by that signal).
+
+    Args:
+        signum: the signal's number.
+        message: what was interrupted and how to resume it.
+    """
+
+    def __init__(self, signum: int, message: str) -> None:
+        super().__init__(message)
+        self.signum = int(signum)
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal number (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP)."""
+        return 128 + self.signum
 
 
 def optuna_finished_trials(storage: str, study_name: str) -> int:
@@ -132,8 +153,8 @@ def one_line_error(error: BaseException | None) -> str | None:
     :data:`~diffrank.experiments.callbacks.run_identity.REFUSED_KEY`); None for any other error (a traceback helps
     there)."""
     from diffrank.experiments.callbacks.run_identity import REFUSED_KEY
+    from diffrank.experiments.records.disk import describe_no_space
     from diffrank.experiments.records.folder import FolderBusy, FolderNotWritable, FolderTaken
-    from diffrank.experiments.records.record import describe_no_space
 
     if error is None:
         return None
@@ -188,8 +209,6 @@ class SweepSummary(Callback):
         from hydra.core.utils import JobStatus
         from hydra.types import RunMode
 
-        from diffrank.experiments.records.folder import RunInterrupted
-
         hydra_cfg = config.get("hydra") or {}
         value = getattr(job_return, "_return_value", None)
         interrupted = value if isinstance(value, RunInterrupted) else None
@@ -209,9 +228,8 @@ class SweepSummary(Callback):
         it still lacks."""
         import os
 
+        from diffrank.experiments.callbacks.job_env import SMOKE_ENV, SMOKE_OPTUNA_TRIALS, SWEPT_KEYS_ENV, smoke_budget
         from diffrank.experiments.records.folder import FolderNotWritable, check_writable
-        from diffrank.experiments.run.process import SMOKE_ENV, SMOKE_OPTUNA_TRIALS, smoke_budget
-        from diffrank.experiments.run.resolvers import SWEPT_KEYS_ENV
 
         sweep_dir = Path(str(config.hydra.sweep.dir))
         try:
@@ -268,7 +286,7 @@ def log_sweep_to_wandb(config: DictConfig, summary: dict[str, Any]) -> None:
     import pandas as pd
     import wandb
 
-    from diffrank.experiments.run.loggers import wandb_group, wandb_offline_default
+    from diffrank.experiments.callbacks.loggers import wandb_group, wandb_offline_default
 
     wcfg = next(c for c in config.logger.values() if str(c.get("_target_", "")).endswith("WandbLogger"))
     sweep_dir = Path(summary["sweep_dir"])
@@ -296,4 +314,5 @@ def log_sweep_to_wandb(config: DictConfig, summary: dict[str, Any]) -> None:
         run.finish()
 
 
-__all__ = ["RunFolderGuard", "SweepSummary", "log_sweep_to_wandb", "one_line_error", "optuna_finished_trials"]
+__all__ = ["RunFolderGuard", "RunInterrupted", "SweepSummary", "log_sweep_to_wandb", "one_line_error",
+           "optuna_finished_trials"]

@@ -19,6 +19,7 @@ another budget setting is refused unless ``+resume_with_changes=true``.
 from __future__ import annotations
 
 import logging
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +154,7 @@ def run_identity(cfg: DictConfig, choices: dict[str, Any]) -> dict[str, Any]:
     """The identity of a run as :data:`KEY` stores it in its checkpoints (JSON-like; no tensors).
 
     Args:
-        cfg: the run's composed config (after :func:`~diffrank.experiments.run.composition.drop_unused_groups`).
+        cfg: the run's composed config (after :func:`~diffrank.experiments.run.choices.drop_unused_groups`).
         choices: the config groups the run used (group → option).
 
     Returns:
@@ -226,14 +227,32 @@ def check_checkpoint(path: str | Path, identity: dict[str, Any], *, evaluation: 
     return diff
 
 
+def run_lineage(cfg: DictConfig) -> dict[str, Any]:
+    """The run's id, config hash and earlier segments (``{"run_id", "config_hash", "segments"}``, and under
+    ``checkpoint_meta`` what ``ckpt_path`` holds under :data:`META_KEY`): a training run resumed from ``ckpt_path``
+    continues that checkpoint's run (its id and segments); any other run gets a new id.
+
+    Raises:
+        FileNotFoundError / ValueError: ``ckpt_path`` is missing or not a readable checkpoint (:func:`read_checkpoint`).
+    """
+    lineage: dict[str, Any] = {"run_id": uuid.uuid4().hex, "config_hash": resolved_config_hash(cfg), "segments": []}
+    ckpt = cfg.get("ckpt_path")
+    if ckpt is not None:
+        saved = read_checkpoint(ckpt).get(META_KEY) or {}
+        if cfg.get("train", True) and saved.get("run_id"):
+            lineage.update(run_id=saved["run_id"], segments=list(saved.get("segments") or []))
+        lineage["checkpoint_meta"] = saved
+    return lineage
+
+
 class RunIdentity(L.Callback):
     """Writes the run's :func:`run_identity` into every checkpoint under :data:`KEY`, and its id, config hash and
     segments under :data:`META_KEY`.
 
     Args:
         identity: the run's identity (JSON-like).
-        meta: ``{"run_id", "config_hash", "segments"}``: the segments before this one (a resumed run's, from its
-            checkpoint; empty for a new run).
+        meta: the run's lineage (:func:`run_lineage`: ``{"run_id", "config_hash", "segments"}``): the segments
+            before this one (a resumed run's, from its checkpoint; empty for a new run).
         segment: this segment's code version and budget settings (``from_step`` is set when training starts).
     """
 

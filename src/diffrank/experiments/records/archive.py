@@ -10,7 +10,7 @@ epoch-1 CPU runs (640 records) take 80 kB.
     python -m diffrank.experiments.records.archive outputs/t7_1_cpu --out results/thesis_t7_1_cpu.jsonl.gz
     python -m diffrank.experiments.analysis.report results outputs      # archives and run folders together
 
-The report (:func:`diffrank.experiments.analysis.report.collect`) and the P_K report read archives wherever they read
+The report (:func:`diffrank.experiments.records.matching.collect`) and the P_K report read archives wherever they read
 run folders (:func:`find_records`); a run found both in an archive and in its folder counts once. Runs are told
 apart by their ``run_id`` (older records: by their folder; a record with neither: by its config, seed and finish
 time, else by its line): a new run into the folder of an archived one is another run, kept beside it. A record the
@@ -28,7 +28,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from diffrank.experiments.records.record import RECORD_FILE, RunRecord, write_atomic
+from diffrank.experiments.records.disk import write_atomic
+from diffrank.experiments.records.record import RECORD_FILE, RunRecord
 
 SUFFIX = ".jsonl.gz"
 

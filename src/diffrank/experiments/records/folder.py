@@ -81,28 +81,6 @@ _NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENO
                  errno.ENAMETOOLONG, errno.ELOOP, errno.ENOSPC, errno.EDQUOT)
 
 
-class RunInterrupted(Exception):
-    """A run stopped by a signal (SIGTERM: ``kill``, ``timeout``, a scheduler's preemption; SIGINT: Ctrl-C; SIGHUP: a
-    closed terminal or ssh connection) after its record (``status: interrupted``, with the resume command) was
-    written. The training runner raises it, the multirun summary
-    (:class:`diffrank.experiments.callbacks.hydra_callbacks.SweepSummary`) lists the job, and the process exits with
-    :attr:`exit_code` (128 + the signal number, as a shell reports a death by that signal).
-
-    Args:
-        signum: the signal's number.
-        message: what was interrupted and how to resume it.
-    """
-
-    def __init__(self, signum: int, message: str) -> None:
-        super().__init__(message)
-        self.signum = int(signum)
-
-    @property
-    def exit_code(self) -> int:
-        """128 + the signal number (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP)."""
-        return 128 + self.signum
-
-
 class FolderLock:
     """The lock of a run folder: an exclusive ``flock`` on ``<folder>/.run.lock`` held from :meth:`acquire` to
     :meth:`release` (or the process's end: the kernel releases it, so a killed run never leaves a stale lock). The

@@ -1,132 +1,19 @@
-"""``results.json``: the versioned record of one run (:class:`RunRecord`), and the facts it records (git state,
-package versions, the compute environment that decides the bits)."""
+"""``results.json``: the versioned record of one run (:class:`RunRecord`), how it is written (atomically) and hashed,
+and how a full disk is named. The facts it records besides metrics and config (git state, package versions, the
+compute environment) are :mod:`diffrank.experiments.records.environment`."""
 
 from __future__ import annotations
 
-import errno
 import hashlib
-import importlib.metadata
 import json
 import math
-import os
-import platform
-import re
-import subprocess
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 
-PACKAGES = ("torch", "lightning", "hydra-core", "torchmetrics", "timm", "numpy", "diffrank")
-
-
-def git_state(cwd: str | Path | None = None) -> dict[str, Any]:
-    """``{"git_sha": str | None, "git_dirty": bool | None}`` of the repository holding ``cwd``."""
-    cwd = str(cwd or Path(__file__).resolve().parent)
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
-                             timeout=10, check=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                                    capture_output=True, text=True, timeout=10, check=True).stdout.strip())
-        return {"git_sha": sha, "git_dirty": dirty}
-    except (OSError, subprocess.SubprocessError):
-        return {"git_sha": None, "git_dirty": None}
-
-
-def versions() -> dict[str, str | None]:
-    """Installed versions of the packages that decide a result."""
-    out: dict[str, str | None] = {}
-    for p in PACKAGES:
-        try:
-            out[p] = importlib.metadata.version(p)
-        except importlib.metadata.PackageNotFoundError:
-            out[p] = None
-    out["python"] = platform.python_version()
-    return out
-
-
-# Environment variables that change which kernels run, or how many threads split a reduction.
-COMPUTE_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "ATEN_CPU_CAPABILITY", "MKL_CBWR",
-               "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "DIFFRANK_NATIVE_ISA", "CUBLAS_WORKSPACE_CONFIG",
-               "CUDA_VISIBLE_DEVICES",
-               "NVIDIA_TF32_OVERRIDE", "TORCH_CUDNN_V8_API_DISABLED")
-
-
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _build_versions() -> dict[str, str | None]:
-    """oneDNN, MKL and OpenMP versions and the BLAS that this PyTorch build was compiled with."""
-    show = torch.__config__.show()
-    found = {
-        "onednn": re.search(r"(?:MKL-DNN|oneDNN) v([0-9][\w.]*)", show),
-        "mkl": re.search(r"Math Kernel Library Version ([0-9][\w.]*)", show),
-        "openmp": re.search(r"OpenMP (\d+)", show),
-        "blas": re.search(r"BLAS_INFO=(\w+)", show),
-    }
-    return {k: m.group(1) if m else None for k, m in found.items()}
-
-
-def compute_environment() -> dict[str, Any]:
-    """What decides the bits of a run besides the code and the config.
-
-    CPU model, the instruction set PyTorch's CPU kernels dispatch to (``cpu_capability``: DEFAULT, AVX2,
-    AVX512, …), intra-op and inter-op thread counts and the environment variables that set them,
-    the torch / CUDA / cuDNN / oneDNN / MKL versions, the CUDA devices, and the determinism switches
-    (``torch.use_deterministic_algorithms``, cuDNN's deterministic / benchmark, TF32, matmul precision).
-    Runs that differ in any of these may differ in the last bits, and training amplifies that.
-    """
-    cuda = torch.cuda.is_available()
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not on Linux
-        affinity = os.cpu_count()
-    return {
-        "cpu_model": cpu_model(),
-        "machine": platform.machine(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": affinity,
-        "num_threads": torch.get_num_threads(),
-        "num_interop_threads": torch.get_num_interop_threads(),
-        "env": {k: os.environ.get(k) for k in COMPUTE_ENV if k in os.environ},
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        **_build_versions(),
-        "mkldnn_enabled": bool(torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled),
-        "cuda_devices": [{"name": torch.cuda.get_device_name(i),
-                          "capability": ".".join(map(str, torch.cuda.get_device_capability(i)))}
-                         for i in range(torch.cuda.device_count())] if cuda else [],
-        "deterministic": {
-            "algorithms": torch.are_deterministic_algorithms_enabled(),
-            "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
-            "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
-            "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
-            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
-            "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
-            "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        },
-    }
-
-
-def device_description(env: dict[str, Any] | None = None) -> str:
-    """One line: the CUDA device, or the CPU model, its dispatched instruction set and the thread count."""
-    env = env or compute_environment()
-    if env["cuda_devices"]:
-        d = env["cuda_devices"][0]
-        return f"{d['name']} (CUDA {env['cuda']}, cuDNN {env['cudnn']})"
-    n = env["num_threads"]
-    return f"cpu ({env['cpu_model']}, {env['cpu_capability']}, {n} thread{'' if n == 1 else 's'})"
+from diffrank.experiments.records.disk import write_atomic
 
 
 def to_float(v: Any) -> Any:
@@ -136,33 +23,6 @@ def to_float(v: Any) -> Any:
     if hasattr(v, "item"):
         return v.item()
     return v
-
-
-def write_atomic(path: str | Path, data: str | bytes) -> Path:
-    """Write ``data`` (text as UTF-8, or bytes) to ``path`` through a temporary file in the same folder and an
-    ``os.replace`` (atomic on POSIX), so that a reader, or a job killed mid-write, never leaves half a file.
-    Folders are created. Returns the path.
-
-    Raises:
-        OSError: the folder cannot be created or written; a full disk as errno ENOSPC naming ``path`` (the bare
-            error of the write names no file).
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        if isinstance(data, bytes):
-            tmp.write_bytes(data)
-        else:
-            tmp.write_text(data, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as e:
-        if e.errno == errno.ENOSPC:  # name the file (the write's own error names none, or the temporary one)
-            raise OSError(errno.ENOSPC, "No space left on device (ENOSPC)", str(path)) from e
-        raise
-    finally:
-        tmp.unlink(missing_ok=True)  # only left when the write or the rename failed
-    return path
 
 
 # data keys that say where the data lives or how fast it loads, not which data it is
@@ -194,32 +54,6 @@ def config_hash(config: dict[str, Any]) -> str:
 
     text = json.dumps(strip(config, ""), sort_keys=True, default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-
-
-def no_space_error(error: BaseException) -> OSError | None:
-    """The ``OSError`` with errno ENOSPC (disk full) that is ``error`` or in its chain of causes, else None (torch's
-    checkpoint writer reports a full disk as ``unexpected pos …``, the ENOSPC only in the chained cause)."""
-    seen, e = set(), error
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-            return e
-        e = e.__cause__ or e.__context__
-    return None
-
-
-def describe_no_space(error: BaseException) -> str | None:
-    """One line for a full disk (:func:`no_space_error` of ``error``): ``"no space left on device (ENOSPC) writing
-    <file>: free disk space, then resume; <type>: <message>"`` (the file when known; the error's own text left out
-    when it only repeats that, as :func:`write_atomic`'s does); None when ``error`` is not one."""
-    full = no_space_error(error)
-    if full is None:
-        return None
-    where = f" writing {full.filename}" if full.filename else ""
-    head = f"no space left on device (ENOSPC){where}: free disk space, then resume"
-    if error is full and full.filename and (full.strerror or "").lower().startswith("no space left on device ("):
-        return head  # the error says nothing more
-    return f"{head}; {type(error).__name__}: {error}"
 
 
 def code_version(sha: str | None, dirty: bool | None) -> str:

@@ -8,15 +8,15 @@ loss and its Tikhonov λ, the epochs and the ``paper:`` key (columns of
 ``src/diffrank/reference/newton_thesis_table7_1_classification.csv``).
 
 Usage: ``python -m diffrank.experiments.rows.classification [--out DIR]`` (rewrites the folder under
-:func:`diffrank.registry.config_dir`; commit it). ``tests/experiments/test_rows.py`` checks that the committed files
-equal the generator's output.
+:func:`diffrank.registry.config_dir`; commit it). ``tests/experiments/rows/test_rows.py`` checks that the committed
+files equal the generator's output.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from diffrank.experiments.rows.generated import Row, generate, render_rows
+from diffrank.experiments.rows.writer import Row, generate, render_rows
 
 TABLE = "thesis_t7_1"
 FOLDERS = (TABLE,)

@@ -7,7 +7,7 @@ Hydra's own ``glob()`` sweep lists only the files directly in ``configs/experime
     python -m diffrank.experiments.rows.list_experiments 'sorting/*/svhn_*'      # every SVHN row
 
 Usage: ``python -m diffrank.experiments.rows.list_experiments [PATTERN...]`` (default ``*``: every experiment config;
-also ``scripts/list_experiments.py``).
+also ``diffrank-list-experiments``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ none.
 
 Usage: ``python -m diffrank.experiments.rows.sorting [--out DIR]`` (rewrites the table folders (:data:`FOLDERS`)
 of :func:`diffrank.registry.config_dir`, the checkout's ``configs/`` in an editable install; commit them).
-``tests/experiments/test_rows.py`` checks that the committed files equal the generator's output.
+``tests/experiments/rows/test_rows.py`` checks that the committed files equal the generator's output.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from functools import cache
 from typing import Any
 
 from diffrank import reference
-from diffrank.experiments.rows.generated import Row, generate, render_rows
+from diffrank.experiments.rows.writer import Row, generate, render_rows
 from diffrank.registry import config_dir
 
 FOLDERS = ("thesis_t2_1", "thesis_t3_3", "thesis_t3_4", "thesis_t3_5", "thesis_t3_6", "thesis_t3_7", "thesis_t7_2",

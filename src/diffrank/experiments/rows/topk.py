@@ -31,7 +31,7 @@ a unit test).
 
 Usage: ``python -m diffrank.experiments.rows.topk [--out DIR]`` (rewrites the table folders (:data:`FOLDERS`) of
 :func:`diffrank.registry.config_dir`, the checkout's ``configs/`` in an editable install; commit them).
-``tests/experiments/test_rows.py`` checks that the committed files equal the generator's output.
+``tests/experiments/rows/test_rows.py`` checks that the committed files equal the generator's output.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from functools import cache
 from typing import Any
 
 from diffrank import reference
-from diffrank.experiments.rows.generated import Row, generate, render_rows
+from diffrank.experiments.rows.writer import Row, generate, render_rows
 
 PAPER = "petersen_difftopk_icml2022"
 TABLES = {1: "icml2022_t1", 2: "icml2022_t2", 3: "icml2022_t3", 4: "icml2022_t4", 5: "icml2022_t5",

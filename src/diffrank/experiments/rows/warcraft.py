@@ -20,7 +20,7 @@ training on the generated maps): :data:`TIKHONOV`, chosen on the validation EM o
 
 Table 2.2's rows (``thesis_t2_2/``) stay hand-written. Usage: ``python -m diffrank.experiments.rows.warcraft
 [--out DIR]`` (rewrites the table folders of the checkout's ``configs/``; commit them).
-``tests/experiments/test_rows.py`` checks that the committed files equal the generator's output.
+``tests/experiments/rows/test_rows.py`` checks that the committed files equal the generator's output.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from diffrank.experiments.rows.generated import Row, generate, render_rows
+from diffrank.experiments.rows.writer import Row, generate, render_rows
 
 FOLDERS = ("thesis_t7_4", "thesis_t7_5", "thesis_t7_6", "thesis_t7_7")
 THESIS = "petersen_thesis_2022"

@@ -1,5 +1,5 @@
-"""What a composed run config means beyond Hydra's merge: a paper row runs its own method, and the config groups a
-run actually uses.
+"""What a composed run config means beyond Hydra's merge: a paper row runs its own method, and its keys and values
+are checked before anything is built (:func:`prepare`).
 
 **A paper row runs its own method.** A row of a paper table (``configs/experiment/<family>/<table>/<row>.yaml``)
 includes its protocol, selects its method (``override /operator: …`` or ``/algorithm``), sets that method's
@@ -15,11 +15,7 @@ the nearest known key. :func:`check_value_types` refuses a string where a number
 ``model.optimizer.lr=abc``) before anything is built, naming the key: the numbers of ``configs/train.yaml`` by
 their defaults' types, every other value by the annotation of the ``_target_`` parameter it is passed to.
 
-**Used groups.** The ``operator`` and ``pk`` groups are read only through interpolation (``operator: ${operator}``,
-``p_k: ${pk}`` in a loss yaml). A group that the built loss does not hold (P_K in a sorting run, the operator with
-``loss=softmax_ce``) is dropped from the config and from the recorded choices. A ``pk`` choice whose weights were
-changed (``pk=half_top5 pk.weights=[…]``, or a row's ``pk: {weights: …}``) is recorded as what ran
-(:func:`pk_as_run`), not as the option's name.
+The config groups a run actually uses (what it records) are :mod:`diffrank.experiments.run.choices`.
 """
 
 from __future__ import annotations
@@ -29,13 +25,11 @@ import difflib
 from collections.abc import Sequence
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError
 
 from diffrank.registry import config_dir, load_yaml
 
-# groups built only where another node interpolates them (the loss reads ${operator} and ${pk})
-INTERPOLATED_GROUPS = ("operator", "pk")
 # the groups that name a table row's method (paper_method): the first one chosen counts (loss: rows without an
 # operator or algorithm whose loss is the method, e.g. RESGRO for sorting, thesis Table 7.2)
 METHOD_GROUPS = ("operator", "algorithm", "loss")
@@ -250,67 +244,9 @@ def _annotation_text(annotation: Any) -> str:
         .replace("'>", "")
 
 
-def drop_unused_groups(cfg: DictConfig, choices: dict[str, Any], loss: Any) -> dict[str, Any]:
-    """Set every group of :data:`INTERPOLATED_GROUPS` that the built ``loss`` does not hold to ``None`` (in place):
-    ``operator`` unless the loss has an ``operator``, ``pk`` unless it has a ``p_k``; without a loss (``None``: the
-    model brings its own) the ``loss`` choice is dropped too. Those groups are read only
-    through the loss yaml's ``${operator}`` / ``${pk}``, so the built loss says what the run used.
-
-    Returns:
-        ``choices`` without those groups.
-    """
-    held = {"operator": getattr(loss, "operator", None), "pk": getattr(loss, "p_k", None)}
-    unused = [group for group in INTERPOLATED_GROUPS if held[group] is None and cfg.get(group) is not None]
-    with open_dict(cfg):
-        for group in unused:
-            cfg[group] = None
-    if loss is None:  # the model brings its own (model.algorithm): the loss group's choice names nothing it ran
-        unused.append("loss")
-    return {k: v for k, v in choices.items() if k not in unused}
-
-
-def _trimmed(weights: Sequence[float]) -> tuple[float, ...]:
-    """P_K weights without trailing zeros (``[1]`` and ``[1, 0, 0, 0, 0]`` are the same P_K)."""
-    w = [float(v) for v in weights]
-    while w and w[-1] == 0.0:
-        w.pop()
-    return tuple(w)
-
-
-def pk_as_run(cfg: DictConfig, choices: dict[str, Any]) -> dict[str, Any]:
-    """``choices`` with ``pk`` naming the P_K the run trains with (``cfg.pk.weights``): the chosen option when the
-    weights are its own (``configs/pk/<option>.yaml``), else the option that has those weights, else the weights in
-    the spelling of the reference tables and the P_K report (``"[.3,0,0,0,.7]"``). ``pk=half_top5
-    pk.weights=[0.3,0,0,0,0.7]`` is thus recorded (``results.json``'s ``choices``, the W&B tag ``pk:…``) as
-    ``[.3,0,0,0,.7]``, not as ``half_top5``; the command line (``overrides``) keeps the override itself."""
-    name, node = choices.get("pk"), cfg.get("pk")
-    if name is None or not isinstance(node, DictConfig) or node.get("weights") is None:
-        return choices
-    weights = _trimmed(OmegaConf.to_container(node.weights, resolve=True))
-
-    def option_weights(option: str) -> tuple[float, ...] | None:
-        """The weights of ``configs/pk/<option>.yaml`` (None: no such option, or no weights)."""
-        try:
-            w = load_yaml("pk", option).get("weights")
-        except (ValueError, OSError):
-            return None
-        return None if w is None else _trimmed(w)
-
-    if option_weights(str(name)) == weights:
-        return choices
-    folder = config_dir() / "pk"
-    same = sorted(p.stem for p in folder.glob("*.yaml") if option_weights(p.stem) == weights) \
-        if folder.is_dir() else []
-    if same:
-        return {**choices, "pk": same[0]}
-    from diffrank.experiments.records.paper_rows import canonical_pk
-
-    return {**choices, "pk": canonical_pk(weights)}
-
-
 def prepare(cfg: DictConfig, choices: dict[str, Any],
             overrides: Sequence[str] = ()) -> tuple[DictConfig, dict[str, Any]]:
-    """The config :func:`diffrank.experiments.run.train.train` runs: a copy of ``cfg``, checked for unknown
+    """The config :func:`diffrank.experiments.run.build.build` builds: a copy of ``cfg``, checked for unknown
     top-level keys (:func:`check_new_keys`), strings where numbers are meant (:func:`check_value_types`), a loss,
     a selection metric and a row's own method (:func:`check_row_method`).
 
@@ -320,7 +256,8 @@ def prepare(cfg: DictConfig, choices: dict[str, Any],
         overrides: Hydra's task overrides (``[]`` without HydraConfig).
 
     Returns:
-        ``(cfg, {"choices": choices})``; :func:`drop_unused_groups` later trims the choices.
+        ``(cfg, choices)``: the copy, and a copy of ``choices``
+        (:func:`~diffrank.experiments.run.choices.drop_unused_groups` later trims them).
 
     Raises:
         ValueError: an unknown top-level key, a string for a number, no loss, no ``optimized_metric``, or a paper
@@ -337,7 +274,7 @@ def prepare(cfg: DictConfig, choices: dict[str, Any],
         raise ValueError(f"no optimized_metric: model={model} sets none. Add 'optimized_metric: val/<metric>' to "
                          f"configs/model/{model}.yaml, or pass optimized_metric=val/<metric>")
     check_row_method(cfg, choices)
-    return cfg, {"choices": dict(choices)}
+    return cfg, dict(choices)
 
 
 def check_model_fits_data(cfg: DictConfig, choices: dict[str, Any]) -> None:

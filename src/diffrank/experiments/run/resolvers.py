@@ -19,10 +19,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from diffrank.experiments.callbacks.job_env import SWEPT_KEYS_ENV
+
 #: the file that marks the project's root folder (as lightning-hydra-template's ``.project-root``)
 ROOT_MARKER = ".project-root"
-#: the sweep's swept keys, comma-separated, set by the sweep callback for the job folder names (:func:`job_dir_name`)
-SWEPT_KEYS_ENV = "DIFFRANK_SWEPT_KEYS"
 
 
 def project_root(start: str | os.PathLike[str] | None = None) -> str:

@@ -270,44 +270,59 @@ def run_queue(queue: list[Job], slots: int, threads: int, poll_s: float = 10.0,
     try:
         while todo or running:
             while todo and len(running) < slots:
-                job = todo.pop(0)
-                job.folder.mkdir(parents=True, exist_ok=True)
-                checkpoint = job.state.checkpoint
-                how = f"resuming from {checkpoint}" if checkpoint else "starting"
-                print(f"[{time.strftime('%H:%M:%S')}] {how}: {job.folder}", flush=True)
-                with open(job.folder / "stdout.log", "a") as log:
-                    running.append((job, subprocess.Popen(job.command(), stdout=log, stderr=subprocess.STDOUT,
-                                                          env=env)))
+                running.append(_start(todo.pop(0), env))
             time.sleep(poll_s if running else 0)
-            for job, proc in list(running):
-                if proc.poll() is None:
-                    continue
-                running.remove((job, proc))
-                ok = proc.returncode == 0 and job.state.action == "done"
-                counts["finished" if ok else "failed"] += 1
-                why = "" if ok else last_error(job.folder / "stdout.log")
-                if not ok and failures is not None:
-                    failures.append((job.folder, why))
-                print(f"[{time.strftime('%H:%M:%S')}] {'done' if ok else f'FAILED (rc {proc.returncode})'}: "
-                      f"{job.folder}" + (f": {why}" if why else ""), flush=True)
+            _reap(running, counts, failures)
     except _Stop as e:
-        for s in old:  # a second signal while the jobs stop does not leave them behind
-            signal.signal(s, signal.SIG_IGN)
-        print(f"[{time.strftime('%H:%M:%S')}] {e}: passing it to {len(running)} running job(s)", flush=True)
-        for _, proc in running:
-            proc.send_signal(e.signum)
-        for job, proc in running:
-            try:
-                proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            print(f"[{time.strftime('%H:%M:%S')}] stopped (rc {proc.returncode}): {job.folder}", flush=True)
+        _pass_on(e, running, old)
         raise SystemExit(128 + e.signum) from None
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
     return counts
+
+
+def _start(job: Job, env: dict[str, str]) -> tuple[Job, subprocess.Popen]:
+    """Start ``job`` in its folder (its output appended to ``stdout.log``) and say so."""
+    job.folder.mkdir(parents=True, exist_ok=True)
+    checkpoint = job.state.checkpoint
+    how = f"resuming from {checkpoint}" if checkpoint else "starting"
+    print(f"[{time.strftime('%H:%M:%S')}] {how}: {job.folder}", flush=True)
+    with open(job.folder / "stdout.log", "a") as log:
+        return job, subprocess.Popen(job.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def _reap(running: list[tuple[Job, subprocess.Popen]], counts: dict[str, int],
+          failures: list[tuple[Path, str]] | None) -> None:
+    """Take the jobs that have exited out of ``running``: count each as finished or failed and print its line."""
+    for job, proc in list(running):
+        if proc.poll() is None:
+            continue
+        running.remove((job, proc))
+        ok = proc.returncode == 0 and job.state.action == "done"
+        counts["finished" if ok else "failed"] += 1
+        why = "" if ok else last_error(job.folder / "stdout.log")
+        if not ok and failures is not None:
+            failures.append((job.folder, why))
+        print(f"[{time.strftime('%H:%M:%S')}] {'done' if ok else f'FAILED (rc {proc.returncode})'}: "
+              f"{job.folder}" + (f": {why}" if why else ""), flush=True)
+
+
+def _pass_on(e: _Stop, running: list[tuple[Job, subprocess.Popen]], old: dict) -> None:
+    """Pass the signal of ``e`` to the running jobs (a second signal ignored meanwhile) and wait for each (killed
+    after 120 s)."""
+    for s in old:  # a second signal while the jobs stop does not leave them behind
+        signal.signal(s, signal.SIG_IGN)
+    print(f"[{time.strftime('%H:%M:%S')}] {e}: passing it to {len(running)} running job(s)", flush=True)
+    for _, proc in running:
+        proc.send_signal(e.signum)
+    for job, proc in running:
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        print(f"[{time.strftime('%H:%M:%S')}] stopped (rc {proc.returncode}): {job.folder}", flush=True)
 
 
 def _at_least_one(text: str) -> int:

@@ -6,9 +6,6 @@ timed on the configs ``python train.py experiment=<row>`` composes. Two subcomma
     python -m diffrank.experiments.tools.throughput topk [--rows ROW...] [--threads 1 2] [--steps 2] [--device cpu]
         [--head [ROW...]]
 
-(also ``scripts/sorting_throughput.py`` and ``scripts/topk_throughput.py``: the same options without the
-subcommand).
-
 ``sorting`` (:func:`measure_sorting`): the MNIST sorting benchmark in sets per second. Each experiment config is
 composed (so operator, β and loss are the experiment's), the MNIST data module draws real batches, and the median
 step time over ``--steps`` timed steps (after 3 warm-up steps) gives sets/s = batch / step time; ``--precision
@@ -69,6 +66,21 @@ def _compose_topk(experiment: str, data_dir: Path, batch: int, val_size: int = 1
                      f"data.val_size={val_size}", "task_name=throughput"])
 
 
+def _sorting_parts(experiment: str, data_dir: str | Path, batch: int, device: str) -> tuple[Any, Any, Any, Any]:
+    """(data module set up, loss, model, optimizer) of a sorting experiment config, on ``device`` (CUDA: the
+    training sets composed on the device, ``data.device_resident``)."""
+    from diffrank.experiments.run.instantiate import instantiate
+
+    cfg = _compose([f"experiment={experiment}", f"paths.data_dir={data_dir}", f"data.batch_size={batch}",
+                    "data.val_sets=1", "data.test_sets=1", f"paths.output_dir={tempfile.gettempdir()}"])
+    dm = instantiate(cfg.data)
+    dm.device_resident = device.startswith("cuda")
+    dm.setup()
+    loss = instantiate(cfg.loss).to(device)  # with the operator its yaml interpolates
+    model = instantiate(cfg.model, loss=loss).to(device)
+    return dm, loss, model, model.hparams.optimizer(params=model.parameters())
+
+
 def measure_sorting(experiment: str, data_dir: str | Path, batch: int, steps: int,
                     precision: str = "32-true", device: str = "cpu") -> tuple[float, float]:
     """(median seconds per step, sets per second) of one sorting experiment config: ``steps`` timed training
@@ -91,21 +103,12 @@ def measure_sorting(experiment: str, data_dir: str | Path, batch: int, steps: in
     Raises:
         ValueError: ``steps`` < 1 or an unknown ``precision``.
     """
-    from diffrank.experiments.run.instantiate import instantiate
-
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    cfg = _compose([f"experiment={experiment}", f"paths.data_dir={data_dir}", f"data.batch_size={batch}",
-                    "data.val_sets=1", "data.test_sets=1", f"paths.output_dir={tempfile.gettempdir()}"])
     cuda = device.startswith("cuda")
-    dm = instantiate(cfg.data)
-    dm.device_resident = cuda
-    dm.setup()
-    loss = instantiate(cfg.loss).to(device)  # with the operator its yaml interpolates
-    model = instantiate(cfg.model, loss=loss).to(device)
-    opt = model.hparams.optimizer(params=model.parameters())
+    dm, loss, model, opt = _sorting_parts(experiment, data_dir, batch, device)
     bf16 = precision == "bf16-mixed"
     times, start = [], None
     for i, batch_ in enumerate(dm.train_dataloader()):
