@@ -102,6 +102,29 @@ def tiny_run(compose_train):
     return _cfg
 
 
+@pytest.fixture
+def train_built(monkeypatch):
+    """``train(cfg)`` that also hands back what the run built: ``(record, objects)``, the run's ``RunRecord`` and
+    its components (datamodule, operator, loss, model, trainer), for tests that inspect them."""
+    from diffrank.experiments.run import train as runner
+
+    built = []
+    real = runner.build
+
+    def capture(*args, **kwargs):
+        built.append(real(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(runner, "build", capture)
+
+    def call(cfg, *args, **kwargs):
+        built.clear()
+        record = runner.train(cfg, *args, **kwargs)
+        return record, built[-1].components
+
+    return call
+
+
 def pytest_collection_modifyitems(config, items):
     """Where the Triton interpreter is off (a CUDA machine: it is turned on above only without CUDA, so that
     the ``gpu`` cases compile real kernels), skip the interpreter cases of tests/kernels (marked ``triton``,

@@ -95,24 +95,10 @@ def newton_step(y: Tensor, grads: Tensor, hessians: Tensor | None = None, varian
         raise ValueError(f"grads must have the shape of y {tuple(y.shape)}, got {tuple(grads.shape)}")
     source_dtype = grads.dtype if variant == "fisher" or hessians is None else hessians.dtype
     g = grads.detach().double()
-    if variant == "fisher":
-        m = g.T @ g / b
-    else:
-        if hessians is None:
-            raise ValueError(f"variant={variant!r} needs the per-sample hessians (B, d, d)")
-        if hessians.shape != (b, d, d):
-            raise ValueError(f"hessians must have shape ({b}, {d}, {d}), got {tuple(hessians.shape)}")
-        h = hessians.detach().double()
-        m = h if variant == "elementwise_hessian" else h.mean(0)
+    m = _curvature(g, hessians, variant)
     m = m + lam * torch.eye(d, dtype=m.dtype, device=m.device)
     finite = torch.isfinite(m).all() & torch.isfinite(g).all()
-    well_posed = torch.ones((), dtype=torch.bool, device=m.device)
-    if lam == 0:
-        # a solve succeeds on a matrix singular up to rounding (softmax CE's Hessian and Fisher have the all-ones
-        # vector in their null space, so do the shift-invariant sorting losses) and returns a step that is rounding
-        # noise: without λ, refuse condition numbers beyond what the derivatives' precision resolves
-        eig = torch.linalg.eigvalsh(torch.where(torch.isfinite(m), m, 0.0)).abs()
-        well_posed = (eig.amin(-1) > d * torch.finfo(source_dtype).eps * eig.amax(-1)).all()
+    well_posed = _well_posed(m, source_dtype) if lam == 0 else torch.ones((), dtype=torch.bool, device=m.device)
     if variant == "elementwise_hessian":
         step, info = torch.linalg.solve_ex(m, g.unsqueeze(2))
         step = step.squeeze(2)
@@ -126,6 +112,33 @@ def newton_step(y: Tensor, grads: Tensor, hessians: Tensor | None = None, varian
                                   f"derivatives ({source_dtype}; tikhonov = {lam}); set a larger tikhonov "
                                   "(newton.tikhonov=...)"))])
     return (y.detach().double() - step).to(y.dtype)
+
+def _curvature(g: Tensor, hessians: Tensor | None, variant: str) -> Tensor:
+    """M of :func:`newton_step` in float64 from the ``(B, d)`` float64 gradients ``g``: ``(d, d)``, or ``(B, d, d)``
+    for ``"elementwise_hessian"``. Raises ValueError for missing or misshapen ``hessians``."""
+    b, d = g.shape
+    if variant == "fisher":
+        return g.T @ g / b
+    if hessians is None:
+        raise ValueError(f"variant={variant!r} needs the per-sample hessians (B, d, d)")
+    if hessians.shape != (b, d, d):
+        raise ValueError(f"hessians must have shape ({b}, {d}, {d}), got {tuple(hessians.shape)}")
+    h = hessians.detach().double()
+    return h if variant == "elementwise_hessian" else h.mean(0)
+
+
+def _well_posed(m: Tensor, source_dtype: torch.dtype) -> Tensor:
+    """Whether M (``(d, d)`` or ``(B, d, d)``, without λ) stays below the condition number 1 / (d · eps) of the
+    derivatives' dtype, as a bool tensor (no host synchronisation).
+
+    A solve succeeds on a matrix singular up to rounding (softmax CE's Hessian and Fisher have the all-ones vector
+    in their null space, so do the shift-invariant sorting losses) and returns a step that is rounding noise:
+    without λ, condition numbers beyond what the derivatives' precision resolves are refused.
+    """
+    d = m.shape[-1]
+    eig = torch.linalg.eigvalsh(torch.where(torch.isfinite(m), m, 0.0)).abs()
+    return (eig.amin(-1) > d * torch.finfo(source_dtype).eps * eig.amax(-1)).all()
+
 
 
 def _custom_functions(value: Tensor) -> list[str]:

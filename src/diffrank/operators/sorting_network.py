@@ -238,6 +238,9 @@ class _Net(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g: Tensor | None, *_):
+        """The VJP: recorded (grad mode on) the exact, differentiable one; else the layers walked back with the
+        saved Δ, w and snapshots (:func:`_rows_weight_grads`, :func:`_full_layer_backward`,
+        :func:`_values_layer_backward`)."""
         none = (None,) * 6
         if g is None:
             return (None, *none)
@@ -249,69 +252,84 @@ class _Net(torch.autograd.Function):
         layers = net.layers
         L = len(layers)
         xd, ws, snaps = saved[2:L + 2], saved[L + 2:2 * L + 2], saved[2 * L + 2:]
-        gws: list[Tensor | None] = [None] * L
         g = g.contiguous().clone()
+        gws: list[Tensor | None] = [None] * L
         if mode == "rows":
-            # rows chain ran t = T-1 … 0; walk it back t = 0 … T-1 (each layer matrix is symmetric)
-            deltas = _replay(snaps, layers[::-1], ws[::-1], 2, ctx.segment)
-            for i in range(L - 1, -1, -1):
-                t = L - 1 - i
-                layer, w, dy = layers[t], ws[t], next(deltas)
-                if layer.block is not None:
-                    gf, gs = _pairs(g, layer.block, 2)
-                    e = gs - gf
-                    gws[t] = -torch.linalg.vecdot(e, dy, dim=1)
-                    step = e * w.unsqueeze(1)
-                    gf += step
-                    gs -= step
-                else:
-                    partner, _ = layer.tensors(g.device, g.dtype)
-                    gws[t] = torch.linalg.vecdot(g, dy, dim=1)
-                    g.addcmul_(w.unsqueeze(1), g.index_select(2, partner) - g)
-            gp, gx = None, None
-        elif mode == "full":
-            gp, gx = g, None
-        else:
-            gp, gx = None, g
-        if gx is None:
+            gws = _rows_weight_grads(g, layers, ws, snaps, ctx.segment)
+        gp = g if mode == "full" else None
+        if mode in ("rows", "full"):
             gx = torch.zeros(g.shape[0], net.n, dtype=g.dtype, device=g.device)
+        else:
+            gx = g
         deltas = _replay(snaps, layers, ws, 1, ctx.segment) if gp is not None else None
         for t in range(L - 1, -1, -1):
-            layer, w, delta = layers[t], ws[t], xd[t]
-            if gp is not None:  # full P, walked back together with the values
-                dp = next(deltas)
-                if layer.block is not None:
-                    gf, gs = _pairs(gp, layer.block, 1)
-                    e = gs - gf
-                    gw = -torch.linalg.vecdot(e, dp, dim=-1)
-                    step = e * w.unsqueeze(-1)
-                    gf += step
-                    gs -= step
-                else:
-                    partner, _ = layer.tensors(gp.device, gp.dtype)
-                    gw = torch.linalg.vecdot(gp, dp, dim=-1)
-                    gp.addcmul_(w.unsqueeze(-1), gp.index_select(1, partner) - gp)
-            else:
-                gw = gws[t]
-            if layer.block is not None:
-                direction = _direction(layer, gx.device, gx.dtype)
-                gf, gs = _pairs(gx, layer.block, 1)
-                gdiff = gf - gs
-                # w = 1 - f(-dir·Δ): dw/dΔ = dir·f'(-dir·Δ). (gdiff·Δ)·f' overflows float32 at Δ ~ 1e26 where
-                # f' = 0 (inf · 0 = NaN); Δ·f' is bounded (≤ ~1 for every sigmoid), so it is formed first
-                slope = swap_slope(direction * -delta, ctx.beta, ctx.sigmoid, ctx.art_lambda)
-                g_slope = gdiff * (delta * slope) if gw is None else gw * slope + gdiff * (delta * slope)
-                g_delta = g_slope * direction + gdiff * w
-                gf -= g_delta
-                gs += g_delta
-            else:
-                partner, sign = layer.tensors(gx.device, gx.dtype)
-                # per wire: x' = x + w·diff, diff = x[partner] - x, w = 1 - f(-sign·diff); Δ·f' first, as above
-                slope = swap_slope(sign * -delta, ctx.beta, ctx.sigmoid, ctx.art_lambda)
-                g_slope = gx * (delta * slope) if gw is None else gw * slope + gx * (delta * slope)
-                g_diff = g_slope * sign + gx * w
-                gx = gx - g_diff + g_diff.index_select(1, partner)
+            layer, w = layers[t], ws[t]
+            # full P is walked back together with the values
+            gw = _full_layer_backward(layer, gp, w, next(deltas)) if gp is not None else gws[t]
+            gx = _values_layer_backward(layer, gx, gw, w, xd[t], ctx.beta, ctx.sigmoid, ctx.art_lambda)
         return (gx, *none)
+
+
+def _rows_weight_grads(g: Tensor, layers, ws, snaps, segment) -> list[Tensor]:
+    """Rows mode of :class:`_Net`'s backward: the rows chain ran t = T-1 … 0, so it is walked back t = 0 … T-1
+    (each layer matrix is symmetric), turning ``g`` ``(B, m, n)`` in place; returns each layer's weight gradient."""
+    gws = []
+    deltas = _replay(snaps, layers[::-1], ws[::-1], 2, segment)
+    for layer, w in zip(layers, ws):
+        dy = next(deltas)
+        if layer.block is not None:
+            gf, gs = _pairs(g, layer.block, 2)
+            e = gs - gf
+            gws.append(-torch.linalg.vecdot(e, dy, dim=1))
+            step = e * w.unsqueeze(1)
+            gf += step
+            gs -= step
+        else:
+            partner, _ = layer.tensors(g.device, g.dtype)
+            gws.append(torch.linalg.vecdot(g, dy, dim=1))
+            g.addcmul_(w.unsqueeze(1), g.index_select(2, partner) - g)
+    return gws
+
+
+def _full_layer_backward(layer, gp: Tensor, w: Tensor, dp: Tensor) -> Tensor:
+    """One layer of full P walked back in :class:`_Net`'s backward: ``gp`` ``(B, n, n)`` turned in place, given
+    the replayed P gradient term ``dp``; returns the layer's weight gradient."""
+    if layer.block is not None:
+        gf, gs = _pairs(gp, layer.block, 1)
+        e = gs - gf
+        gw = -torch.linalg.vecdot(e, dp, dim=-1)
+        step = e * w.unsqueeze(-1)
+        gf += step
+        gs -= step
+        return gw
+    partner, _ = layer.tensors(gp.device, gp.dtype)
+    gw = torch.linalg.vecdot(gp, dp, dim=-1)
+    gp.addcmul_(w.unsqueeze(-1), gp.index_select(1, partner) - gp)
+    return gw
+
+
+def _values_layer_backward(layer, gx: Tensor, gw: Tensor | None, w: Tensor, delta: Tensor, beta: float,
+                           sigmoid: str, art_lambda: float) -> Tensor:
+    """One layer of the values walked back in :class:`_Net`'s backward: the gradient ``gx`` ``(B, n)`` before the
+    layer from the one after it, the weight gradient ``gw`` (None: none) and the saved Δ and w."""
+    if layer.block is not None:
+        direction = _direction(layer, gx.device, gx.dtype)
+        gf, gs = _pairs(gx, layer.block, 1)
+        gdiff = gf - gs
+        # w = 1 - f(-dir·Δ): dw/dΔ = dir·f'(-dir·Δ). (gdiff·Δ)·f' overflows float32 at Δ ~ 1e26 where
+        # f' = 0 (inf · 0 = NaN); Δ·f' is bounded (≤ ~1 for every sigmoid), so it is formed first
+        slope = swap_slope(direction * -delta, beta, sigmoid, art_lambda)
+        g_slope = gdiff * (delta * slope) if gw is None else gw * slope + gdiff * (delta * slope)
+        g_delta = g_slope * direction + gdiff * w
+        gf -= g_delta
+        gs += g_delta
+        return gx
+    partner, sign = layer.tensors(gx.device, gx.dtype)
+    # per wire: x' = x + w·diff, diff = x[partner] - x, w = 1 - f(-sign·diff); Δ·f' first, as above
+    slope = swap_slope(sign * -delta, beta, sigmoid, art_lambda)
+    g_slope = gx * (delta * slope) if gw is None else gw * slope + gx * (delta * slope)
+    g_diff = g_slope * sign + gx * w
+    return gx - g_diff + g_diff.index_select(1, partner)
 
 
 def _saved_per_set(net: Network) -> int:

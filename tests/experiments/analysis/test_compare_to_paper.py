@@ -12,6 +12,7 @@ from diffrank.experiments.analysis import report
 from diffrank.experiments.records import matching, table_cells
 from diffrank.experiments.records.matching import is_fraction
 from diffrank.experiments.records.record import RunRecord
+from diffrank.experiments.records.table_cells import table_rows
 
 CAUCHY5 = {"paper": "petersen_thesis_2022", "table": "3.7", "dataset": "mnist4", "method": "Cauchy CDF",
            "network": "odd_even", "n": 5}
@@ -62,7 +63,7 @@ def test_runs_on_a_swapped_data_group_are_not_the_rows_number(tmp_path):
     lines = [ln for ln in matching.collect([tmp_path])["tables"][("petersen_thesis_2022", "3.7")]
              if ln["metric"] == "EM" and ln["runs"]]
     assert sorted((ln["data"], ln["mean"]) for ln in lines) == [("", 80.0), ("data=digits_sort", 50.0)]
-    header, cells = report.table_rows(lines)
+    header, cells = table_rows(lines)
     col = header.index("data")
     assert sorted(c[col] for c in cells) == ["data=digits_sort", "real"]
 
@@ -93,12 +94,12 @@ def test_report_cell_by_cell(tmp_path):
     md = (out / "report.md").read_text()
     assert (out / "report.png").stat().st_size > 1000
     t37 = result["tables"][("petersen_thesis_2022", "3.7")]
-    header, cells = report.table_rows(t37)
+    header, cells = table_rows(t37)
     assert header == ["method", "operator", "n", "metric", "paper", "ours", "Δ", "runs", "steps×batch"]
     # EM: mean(80, 84) = 82, sample std = 2.83, Δ = 82 - 84.9 = -2.9
     assert cells[0] == ["Cauchy CDF", "dsn", "5", "EM", "84.9", "82.00 ± 2.83", "-2.90", "2", "1000×20"]
     assert cells[1] == ["Cauchy CDF", "dsn", "5", "EW", "93.2", "91.00 ± 1.41", "-2.20", "2", "1000×20"]
-    t33 = {c[3]: c for c in report.table_rows(result["tables"][("petersen_thesis_2022", "3.3")])[1]}
+    t33 = {c[3]: c for c in table_rows(result["tables"][("petersen_thesis_2022", "3.3")])[1]}
     assert t33["EM"][4:] == ["95.2", "95.00", "-0.20", "1", "500×100"]
     assert t33["EM5"][4:6] == ["86.1", "86.00"]
     assert "## petersen_thesis_2022, Table 3.7" in md

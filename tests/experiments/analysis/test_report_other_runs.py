@@ -5,6 +5,7 @@ records the report cannot place say why, one by one; piped, the tables are print
 from __future__ import annotations
 
 from diffrank.experiments.analysis import report
+from diffrank.experiments.analysis.report_others import other_rows
 from diffrank.experiments.records import archive
 from diffrank.experiments.records.record import RunRecord
 
@@ -59,7 +60,7 @@ def test_archived_runs_of_no_paper_row_have_their_own_section(tmp_path):
     assert result["runs"] == 1 and list(result["tables"]) == [("petersen_thesis_2022", "3.7")]
     others = result["others"]
     assert others["runs"] == 7 and others["benchmark"] == {}  # all but the paper-row run
-    header, cells = report.other_rows(others["lines"])
+    header, cells = other_rows(others["lines"])
     rows = [dict(zip(header, c)) for c in cells]
     by = {(r["command"], r["metric"]): r for r in rows}
 

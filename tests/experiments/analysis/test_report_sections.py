@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 from diffrank import reference
 from diffrank.experiments.analysis import report
 from diffrank.experiments.records.record import RunRecord
+from diffrank.experiments.records.table_cells import table_rows
 
 CPU = "cpu (AMD EPYC 7763 64-Core Processor, AVX2, 1 thread)"
 H100 = "NVIDIA H100 80GB HBM3 (CUDA 12.4, cuDNN 90100)"
@@ -37,7 +38,7 @@ def _run(compose, root, name, row, metrics, *overrides, seed=0, device=CPU, step
 
 
 def _cells(result, paper, table):
-    header, cells = report.table_rows(result["tables"][(paper, table)])
+    header, cells = table_rows(result["tables"][(paper, table)])
     return [dict(zip(header, c)) for c in cells], header
 
 

@@ -13,6 +13,7 @@ from diffrank.experiments.analysis import report as compare
 from diffrank.experiments.records import table_cells
 from diffrank.experiments.records.matching import select_beta
 from diffrank.experiments.records.record import RunRecord
+from diffrank.experiments.records.table_cells import table_rows
 from helpers import CONFIGS
 
 PAPER = "petersen_difftopk_icml2022"
@@ -33,7 +34,7 @@ def _write(folder, name, row, metrics, beta=None, val=None):
 
 
 def _cells(result, table):
-    header, cells = compare.table_rows(result["tables"][(PAPER, str(table))])
+    header, cells = table_rows(result["tables"][(PAPER, str(table))])
     return header, cells
 
 

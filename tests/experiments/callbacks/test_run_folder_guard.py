@@ -55,7 +55,7 @@ def test_the_guard_lock_is_held_by_the_run_to_its_end(tmp_path, monkeypatch):
 
     def fake_train(cfg, lock=None):
         seen.update(lock=lock, live=is_live(folder))
-        return {"test/top1": 0.5}, {}
+        return RunRecord(metrics={"test/top1": 0.5})  # what train() returns where nothing was recorded
 
     monkeypatch.setattr(runner, "train", fake_train)
     runner.run(_run_config(folder))

@@ -53,17 +53,17 @@ def test_resume_with_other_choices_is_refused(compose_train, tmp_path, sinkhorn_
 
 
 def test_resume_with_changes_is_recorded(compose_train, tmp_path, sinkhorn_run):
-    _, objects = train(_cfg(compose_train, tmp_path, ["operator=softsort", "trainer.max_epochs=2",
+    record = train(_cfg(compose_train, tmp_path, ["operator=softsort", "trainer.max_epochs=2",
                                                       f"ckpt_path={sinkhorn_run}", "+resume_with_changes=true"]))
     changes = json.loads((tmp_path / "results.json").read_text())["resumed_with_changes"]
     assert any(c.startswith("choices.operator: 'sinkhorn' → 'softsort'") for c in changes)
-    assert objects["results"]["resumed_with_changes"] == changes
+    assert record.resumed_with_changes == changes
 
 
 def test_resume_with_the_same_choices_and_a_longer_budget_is_allowed(compose_train, tmp_path, sinkhorn_run):
-    _, objects = train(_cfg(compose_train, tmp_path, ["operator=sinkhorn", "pk=half_top5", "trainer.max_epochs=2",
+    record = train(_cfg(compose_train, tmp_path, ["operator=sinkhorn", "pk=half_top5", "trainer.max_epochs=2",
                                                       f"ckpt_path={sinkhorn_run}"]))
-    assert objects["results"]["resumed_with_changes"] is None and objects["results"]["global_step"] == 8
+    assert record.resumed_with_changes is None and record.global_step == 8
 
 
 def test_evaluation_on_another_split_is_refused(compose_train, tmp_path, sinkhorn_run):
@@ -71,9 +71,9 @@ def test_evaluation_on_another_split_is_refused(compose_train, tmp_path, sinkhor
     with pytest.raises(ValueError, match=r"(?s)would be evaluated.*data\.split_seed: 0 → 1"):
         train(_cfg(compose_train, tmp_path, ["train=false", f"ckpt_path={sinkhorn_run}", "data.split_seed=1"]))
     # the run seed and the batch only shape training: an evaluation may change them
-    _, objects = train(_cfg(compose_train, tmp_path / "ok", ["train=false", f"ckpt_path={sinkhorn_run}", "seed=3",
+    record = train(_cfg(compose_train, tmp_path / "ok", ["train=false", f"ckpt_path={sinkhorn_run}", "seed=3",
                                                              "data.batch_size=32"]))
-    assert objects["results"]["resumed_with_changes"] is None
+    assert record.resumed_with_changes is None
 
 
 def test_checkpoint_of_another_model_names_the_mistake(compose_train, tmp_path, sinkhorn_run):

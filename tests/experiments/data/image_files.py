@@ -1,5 +1,5 @@
 """Tiny MNIST / Fashion-MNIST (idx), CIFAR-10 and CIFAR-100 (pickle) files in the official on-disk formats (the
-CIFAR-100 writer is the framework's own, :func:`diffrank.experiments.data.images.write_random_cifar100`)."""
+CIFAR-100 writer is the framework's own, :func:`diffrank.experiments.data.image_readers.write_random_cifar100`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from diffrank.experiments.data.images import write_random_cifar100 as write_cifar100  # noqa: F401  (one writer)
+from diffrank.experiments.data.image_readers import write_random_cifar100 as write_cifar100  # noqa: F401  (one writer)
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:

@@ -111,12 +111,12 @@ def test_deterministic_from_split_seed_not_seed(root):
 
 
 def test_splits_do_not_depend_on_the_dataset_registry(root, monkeypatch):
-    from diffrank.experiments.data import composite, images
+    from diffrank.experiments.data import composite, image_readers
 
     before = _module(root)
-    extra = {"aaa_first": images.IMAGE_SETS["mnist"], **images.IMAGE_SETS}
+    extra = {"aaa_first": image_readers.IMAGE_SETS["mnist"], **image_readers.IMAGE_SETS}
     monkeypatch.setattr(composite, "IMAGE_SETS", extra)
-    monkeypatch.setattr(images, "IMAGE_SETS", extra)
+    monkeypatch.setattr(image_readers, "IMAGE_SETS", extra)
     after = _module(root)
     for split in ("train", "val"):
         assert all((a == b).all() for a, b in zip(before.source_indices[split], after.source_indices[split]))
@@ -186,27 +186,26 @@ def test_rows_cover_the_pk_grid():
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in SAMPLE else pytest.mark.slow) for n in ROWS])
-def test_rows_run(compose_train, root, name):
+def test_rows_run(train_built, compose_train, root, name):
     from diffrank.experiments.analysis.report_pk import run_from_record
-    from diffrank.experiments.records.record import RunRecord
-    from diffrank.experiments.run.train import train
 
     cfg = compose_train([f"experiment={name}", f"paths.data_dir={root}", "data.n_train=64", "data.n_val=32",
                          "data.n_test=32", "data.val_size=60", "data.batch_size=16"])
     assert cfg.data.downscale == 7
     if not name.endswith("softmax_top1"):
         assert cfg.loss.m is None and cfg.loss.top1_mode == "eq4"
-    metrics, objects = train(cfg)
+    record, objects = train_built(cfg)
+    metrics = record.metrics
     assert 0 <= metrics["test/top1"] <= metrics["test/top5"] <= 1
-    run = run_from_record(RunRecord.from_dict(objects["results"]))
+    run = run_from_record(record)
     assert run is not None and run.dataset == "fashion_pairs" and run.pk == cfg.paper.pk.replace(" ", "")
-    assert objects["results"]["paper"]["benchmark"] == "fashion_pairs"
-    assert "benchmark" not in objects["results"]["config"]
+    assert record.paper["benchmark"] == "fashion_pairs"
+    assert "benchmark" not in record.config
     if name.endswith("softmax_top1"):
         assert isinstance(objects["loss"], SoftmaxCrossEntropyLoss) and objects["operator"] is None
-        assert "operator" not in objects["results"]["choices"]
+        assert "operator" not in record.choices
     else:
-        assert objects["results"]["choices"]["operator"] == cfg.paper_method
+        assert record.choices["operator"] == cfg.paper_method
 
 
 def test_temperatures_of_the_rows():

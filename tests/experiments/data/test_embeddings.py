@@ -8,15 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from diffrank.experiments.data.embeddings import (
-    DEFAULT_FOLDERS,
-    EmbeddingCacheWriter,
-    EmbeddingDataModule,
-    SortedBatchSampler,
-    open_split,
-    paper_key_scheme,
-    read_index,
-)
+from diffrank.experiments.data.embedding_cache import EmbeddingCacheWriter, open_split, paper_key_scheme, read_index
+from diffrank.experiments.data.embeddings import DEFAULT_FOLDERS, EmbeddingDataModule, SortedBatchSampler
 from experiments.data.embedding_files import FOLDERS, write_embedding_cache
 
 DIM, CLASSES = 16, 10

@@ -6,13 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffrank.experiments.data.images import (
-    ImageDataModule,
-    MultiPassSampler,
-    crop_flip,
-    load_image_arrays,
-    random_crop_flip,
-)
+from diffrank.experiments.data.image_readers import load_image_arrays
+from diffrank.experiments.data.images import ImageDataModule, MultiPassSampler, crop_flip, random_crop_flip
 from experiments.data.image_files import write_cifar10, write_cifar100, write_mnist
 from helpers import DATA, real_data
 
@@ -244,7 +239,7 @@ def test_canonical_size_file_with_zeroed_pixels_is_refused(tmp_path):
     named as such; a constant image set of any size is refused."""
     import numpy as np
 
-    from diffrank.experiments.data.images import CANONICAL_MD5
+    from diffrank.experiments.data.image_readers import CANONICAL_MD5
     from experiments.data.image_files import write_idx
 
     write_mnist(tmp_path, "MNIST", n_train=60, n_test=60)

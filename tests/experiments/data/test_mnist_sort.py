@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from diffrank.experiments.data.mnist_sort import MNIST_FILES, MultiDigitSortDataModule, load_mnist, number_values
+from diffrank.experiments.data.mnist_sort import MultiDigitSortDataModule
+from diffrank.experiments.data.number_sets import MNIST_FILES, load_mnist, number_values
 from helpers import DATA, real_data
 
 N_TRAIN, N_TEST = 60, 20
@@ -157,7 +158,7 @@ def _resident_dm(root, **kw):
 
 
 def test_resident_batches_are_numbers_from_the_train_pool_and_seeded(tmp_path):
-    from diffrank.experiments.data.mnist_sort import SetKey
+    from diffrank.experiments.data.number_sets import SetKey
 
     dm = _resident_dm(_tiny_mnist(tmp_path))
     keys = list(dm.train_dataloader())
@@ -182,7 +183,7 @@ def test_resident_batches_are_numbers_from_the_train_pool_and_seeded(tmp_path):
 
 
 def test_resident_draws_are_uniform_over_the_pool(tmp_path):
-    from diffrank.experiments.data.mnist_sort import SetKey
+    from diffrank.experiments.data.number_sets import SetKey
 
     dm = _resident_dm(_tiny_mnist(tmp_path), batch_size=200)
     ids = _source_ids(dm.transfer_batch_to_device(SetKey(0, 0), torch.device("cpu"), 0)[0]).flatten()

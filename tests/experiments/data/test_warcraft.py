@@ -10,17 +10,10 @@ import pytest
 import torch
 
 from diffrank.experiments.algorithms.dijkstra import shortest_paths
-from diffrank.experiments.data.warcraft import (
-    MARKER,
-    REAL_ROOT,
-    SPLITS,
-    SYNTHETIC_ROOT,
-    MapBatch,
-    WarcraftDataModule,
-    split_files,
-)
+from diffrank.experiments.data.warcraft import MapBatch, WarcraftDataModule
 from diffrank.experiments.data.warcraft_like import main as warcraft_like_main
 from diffrank.experiments.data.warcraft_like import tile_costs
+from diffrank.experiments.data.warcraft_maps import MARKER, REAL_ROOT, SPLITS, SYNTHETIC_ROOT, split_files
 from experiments.data.warcraft_files import write_warcraft
 
 SIZES = (20, 5, 5)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from diffrank.experiments.data.warcraft import REAL_ROOT, SYNTHETIC_ROOT
 from diffrank.experiments.data.warcraft_like import write_warcraft_like
+from diffrank.experiments.data.warcraft_maps import REAL_ROOT, SYNTHETIC_ROOT
 
 
 def write_warcraft(root: Path, grid: int = 12, sizes: tuple[int, int, int] = (20, 5, 5), seed: int = 0,

@@ -14,6 +14,7 @@ from diffrank import reference
 from diffrank.experiments.analysis import report
 from diffrank.experiments.models.nets import FullyConnected, LeNet5
 from diffrank.experiments.records.record import RunRecord
+from diffrank.experiments.records.table_cells import table_rows
 from diffrank.experiments.run.composition import row_newton
 from diffrank.experiments.run.train import train
 from experiments.data.image_files import write_mnist
@@ -91,17 +92,19 @@ def test_protocol_trains_and_tests_the_last_epoch(compose_train, mnist_root):
     cfg = compose_train(["experiment=classification/mnist", "newton=fisher", "trainer.max_epochs=2",
                          *_small(mnist_root)], fast=False)
     cfg.trainer.enable_progress_bar = False
-    metrics, objects = train(cfg)
+    record = train(cfg)
+    metrics = record.metrics
     assert 0 <= metrics["test/top1"] <= 1
-    assert objects["results"]["checkpoint"]["epoch"] == 1
+    assert record.checkpoint["epoch"] == 1
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in REPRESENTATIVE else pytest.mark.slow)
                                   for n in ROWS])
 def test_fast_dev_run(compose_train, mnist_root, name):
-    metrics, objects = train(compose_train([f"experiment={name}", *_small(mnist_root)]))
+    record = train(compose_train([f"experiment={name}", *_small(mnist_root)]))
+    metrics = record.metrics
     assert 0 <= metrics["test/top1"] <= 1 and math.isfinite(metrics["test/loss"])
-    assert objects["results"]["paper"]["table"] == "7.1"
+    assert record.paper["table"] == "7.1"
 
 
 def _record(method: str, operator: str, value: float, seed: int) -> tuple[str, RunRecord]:
@@ -126,7 +129,7 @@ def test_report_compares_each_newton_variant_with_regular_by_welch():
     assert f["p"] == pytest.approx(expected) and f["significant"] and f["ours"] == pytest.approx(1.5)
     assert f["paper"] == pytest.approx(94.56 - 93.06)
     assert not h["significant"] and h["p"] > 0.5
-    header, cells = report.table_rows(lines)
+    header, cells = table_rows(lines)
     assert header[-1] == "ours − Regular (Welch p)"
     fisher_cell = next(c for c, ln in zip(cells, lines) if ln is by["Newton L. (F)"])
     assert fisher_cell[-1].startswith("+1.50 (p=") and fisher_cell[-1].endswith("**")
@@ -143,5 +146,5 @@ def test_report_never_pools_devices():
     lines = [ln for ln in report.collect_runs(records)["tables"][("petersen_thesis_2022", "7.1")] if ln["runs"]]
     assert sorted(ln["device"] for ln in lines) == ["NVIDIA H100 80GB HBM3", "cpu"]
     assert all(ln["runs"] == 2 for ln in lines)
-    header, _ = report.table_rows(lines)
+    header, _ = table_rows(lines)
     assert "device" in header

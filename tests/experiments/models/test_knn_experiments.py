@@ -60,12 +60,13 @@ def test_rows_carry_their_paper_keys():
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in SAMPLE else pytest.mark.slow) for n in CONFIGS_KNN])
-def test_fast_dev_run(compose_train, image_root, name):
-    metrics, objects = train(compose_train([f"experiment={name}", *_small(name, image_root)]))
+def test_fast_dev_run(train_built, compose_train, image_root, name):
+    record, objects = train_built(compose_train([f"experiment={name}", *_small(name, image_root)]))
+    metrics = record.metrics
     assert 0 <= metrics["test/top1"] <= 1 and "val/top1" in metrics
     model = objects["model"]
     assert isinstance(model, KNNClassifier)
-    rec = objects["results"]
+    rec = record.to_dict()
     assert (rec["paper"] is None) == (name in PROTOCOLS or name.startswith("knn/fashion_mnist/"))
     if "ce_cnn" in name or "pretrained_cnn" in name:
         assert model.head is not None and {"test/knn_top1", "test/head_top1"} & set(metrics)
@@ -77,8 +78,8 @@ def test_fast_dev_run(compose_train, image_root, name):
 
 
 def test_digits_runs_in_seconds(compose_train):
-    metrics, _ = train(compose_train(["model=knn", "data=digits", "operator=lapsum", "data.batch_size=60",
-                                      "model.num_queries=30", "model.net.padding=2"]))
+    metrics = train(compose_train(["model=knn", "data=digits", "operator=lapsum", "data.batch_size=60",
+                                      "model.num_queries=30", "model.net.padding=2"])).metrics
     assert metrics["test/top1"] > 0
 
 
@@ -148,7 +149,7 @@ def test_real_mnist_pixels_baseline_matches_its_published_range(compose_train):
                          "trainer.limit_val_batches=1", "trainer.limit_test_batches=1"], fast=False)
     cfg.trainer.enable_progress_bar = False
     cfg.callbacks = {k: v for k, v in cfg.callbacks.items() if k != "rich_progress_bar"}
-    metrics, _ = train(cfg)
+    metrics = train(cfg).metrics
     assert 0.95 < metrics["test/top1"] < 0.99
 
 
@@ -156,6 +157,7 @@ def test_real_mnist_pixels_baseline_matches_its_published_range(compose_train):
 @pytest.mark.parametrize("name", ["sparse_soft_topk", "dftopk"])
 def test_the_sparse_topk_operators_train_the_knn_protocol(compose_train, name):
     """The sparse soft top-k and DFTopK through the deep kNN protocol with ``fast_dev_run``."""
-    metrics, _ = train(compose_train(["model=knn", "data=digits", f"operator={name}", "data.batch_size=60",
-                                      "model.num_queries=30", "model.net.padding=2", "trainer.fast_dev_run=true"]))
+    record = train(compose_train(["model=knn", "data=digits", f"operator={name}", "data.batch_size=60",
+                                  "model.num_queries=30", "model.net.padding=2", "trainer.fast_dev_run=true"]))
+    metrics = record.metrics
     assert 0 <= metrics["test/top1"] <= 1

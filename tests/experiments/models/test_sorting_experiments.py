@@ -198,16 +198,18 @@ def test_rows_compose(compose_train, names):
 @pytest.mark.parametrize("operator", FULL_P)
 def test_protocol_runs_with_every_full_p_operator(compose_train, operator):
     """experiment=sorting/mnist is the protocol without operator parameters: any full-P operator runs in it."""
-    metrics, objects = train(compose_train(["experiment=sorting/mnist", f"operator={operator}", "data.n=4", *SMALL]))
+    record = train(compose_train(["experiment=sorting/mnist", f"operator={operator}", "data.n=4", *SMALL]))
+    metrics = record.metrics
     assert {"test/em", "test/ew", "test/em5", "val/em5"} <= set(metrics)
-    rec = objects["results"]
+    rec = record.to_dict()
     assert rec["paper"] is None and rec["variant_of"] is None and rec["choices"]["operator"] == operator
     assert "pk" not in rec["choices"] and rec["config"]["pk"] is None  # a sorting run reads no P_K
 
 
-def test_protocol_with_soft_rank_loss(compose_train):
-    metrics, objects = train(compose_train(["experiment=sorting/mnist", "operator=fast_soft_sort",
+def test_protocol_with_soft_rank_loss(train_built, compose_train):
+    record, objects = train_built(compose_train(["experiment=sorting/mnist", "operator=fast_soft_sort",
                                             "loss=sort_rank_mse", *SMALL]))
+    metrics = record.metrics
     assert {"test/em", "test/em5"} <= set(metrics)
     assert type(objects["loss"]).__name__ == "SoftRankMSELoss" and objects["operator"] is objects["loss"].operator
 
@@ -218,11 +220,12 @@ def test_protocol_without_permutation_names_the_loss(compose_train):
 
 
 @pytest.mark.parametrize("name", REPRESENTATIVE)
-def test_fast_dev_run_representative(compose_train, svhn_root, name):
-    metrics, objects = train(compose_train([f"experiment={name}", *_small(name, svhn_root)]))
+def test_fast_dev_run_representative(train_built, compose_train, svhn_root, name):
+    record, objects = train_built(compose_train([f"experiment={name}", *_small(name, svhn_root)]))
+    metrics = record.metrics
     assert _metrics(name) <= set(metrics)
     assert all(0 <= metrics[k] <= 1 for k in _metrics(name))
-    rec = objects["results"]
+    rec = record.to_dict()
     assert rec["paper"]["n"] == objects["datamodule"].n and rec["variant_of"] is None
     assert rec["task_name"] == name and "pk" not in rec["choices"]
 
@@ -230,30 +233,31 @@ def test_fast_dev_run_representative(compose_train, svhn_root, name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [e for e in ROWS if e not in REPRESENTATIVE and e not in DSN_HESSIAN])
 def test_fast_dev_run_all(compose_train, svhn_root, name):
-    metrics, _ = train(compose_train([f"experiment={name}", *_small(name, svhn_root)]))
+    metrics = train(compose_train([f"experiment={name}", *_small(name, svhn_root)])).metrics
     assert _metrics(name) <= set(metrics)
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n == DSN_HESSIAN[0] else pytest.mark.slow)
                                   for n in DSN_HESSIAN])
-def test_hessian_rows_of_sorting_networks_run_the_twice_differentiable_network(compose_train, name):
-    metrics, objects = train(compose_train([f"experiment={name}", *SMALL]))
+def test_hessian_rows_of_sorting_networks_run_the_twice_differentiable_network(train_built, compose_train, name):
+    record, objects = train_built(compose_train([f"experiment={name}", *SMALL]))
+    metrics = record.metrics
     loss = objects["loss"]
     assert isinstance(loss, NewtonLoss) and loss.variant == "hessian" and loss.operator.twice_differentiable
     assert {"test/em", "test/ew"} <= set(metrics)
     # the fused network's double backward is exact too: the same row trains with it
-    fused, _ = train(compose_train([f"experiment={name}", "operator.twice_differentiable=false", *SMALL]))
+    fused = train(compose_train([f"experiment={name}", "operator.twice_differentiable=false", *SMALL])).metrics
     assert {"test/em", "test/ew"} <= set(fused)
 
 
-def test_newton_and_resgro_rows_train_what_they_name(compose_train):
-    _, objects = train(compose_train(["experiment=sorting/thesis_t7_3/softsort_n5_fisher", *SMALL]))
+def test_newton_and_resgro_rows_train_what_they_name(train_built, compose_train):
+    record, objects = train_built(compose_train(["experiment=sorting/thesis_t7_3/softsort_n5_fisher", *SMALL]))
     loss = objects["loss"]
     assert isinstance(loss, NewtonLoss) and loss.variant == "fisher" and type(loss.operator).__name__ == "SoftSort"
-    assert objects["results"]["choices"]["newton"] == "fisher"
-    _, objects = train(compose_train(["experiment=sorting/thesis_t7_2/resgro_n10", *SMALL]))
+    assert record.choices["newton"] == "fisher"
+    record, objects = train_built(compose_train(["experiment=sorting/thesis_t7_2/resgro_n10", *SMALL]))
     assert isinstance(objects["loss"], ResgroLoss) and objects["loss"].objective is kendall_tau_objective
-    rec = objects["results"]
+    rec = record.to_dict()
     assert rec["choices"]["loss"] == "resgro" and rec["choices"].get("operator") is None and rec["paper"]["n"] == 10
     with pytest.raises(ValueError, match=r"row for loss=resgro.*operator=neuralsort"):
         train(compose_train(["experiment=sorting/thesis_t7_2/resgro_n5", "operator=neuralsort", *SMALL]))
@@ -263,18 +267,19 @@ def test_newton_and_resgro_rows_train_what_they_name(compose_train):
         train(compose_train(["experiment=sorting/thesis_t7_3/softsort_n5", "newton=fisher", *SMALL]))
 
 
-def test_row_with_another_operator_is_refused(compose_train):
+def test_row_with_another_operator_is_refused(train_built, compose_train):
     """A row runs its own method: with another operator Hydra would merge the row's β / sigmoid into it, so the
     runner refuses before building anything and names the row's protocol, which runs that operator as asked."""
     row = "sorting/thesis_t3_7/odd_even_cauchy_n5"
-    _, own = train(compose_train([f"experiment={row}", *SMALL]))
-    assert own["operator"].beta == pytest.approx(51 * torch.pi) and own["results"]["paper"]["method"] == "Cauchy CDF"
+    record, own = train_built(compose_train([f"experiment={row}", *SMALL]))
+    assert own["operator"].beta == pytest.approx(51 * torch.pi) and record.paper["method"] == "Cauchy CDF"
     with pytest.raises(ValueError, match=r"row for operator=diffsort_odd_even.*Run experiment=sorting/mnist "
                                          r"operator=neuralsort"):
         train(compose_train([f"experiment={row}", "operator=neuralsort", *SMALL]))
-    _, objects = train(compose_train(["experiment=sorting/mnist", "operator=lapsum", "operator.beta=2", *SMALL]))
+    record, objects = train_built(compose_train(["experiment=sorting/mnist", "operator=lapsum", "operator.beta=2",
+                                                 *SMALL]))
     assert type(objects["operator"]).__name__ == "LapSum" and objects["operator"].beta == 2.0
-    assert objects["results"]["paper"] is None
+    assert record.paper is None
 
 
 def test_every_row_names_a_protocol():
@@ -294,7 +299,7 @@ def test_short_training_learns_to_rank_digits(compose_train):
                          "operator.beta=45.6"], fast=False)
     cfg.trainer.enable_progress_bar = False
     cfg.trainer.enable_model_summary = False
-    metrics, _ = train(cfg)
+    metrics = train(cfg).metrics
     assert metrics["test/ew"] > 0.6 and metrics["test/em"] > 0.3
 
 

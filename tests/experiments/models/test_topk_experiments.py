@@ -163,15 +163,17 @@ def test_protocol_topk_loss_settings_reach_topk_ce_only(compose_train):
     assert set(base.loss) == {"_target_"} and base.topk_loss.m == 50
 
 
-def _run(compose_train, name, root, extra=(), fast=True):
-    return train(compose_train([f"experiment={name}", *_small(root), *extra], fast=fast))
+def _run(train_built, compose_train, name, root, extra=(), fast=True):
+    """``(record, objects)`` of a small run of ``experiment=name`` (``objects``: what the run built)."""
+    return train_built(compose_train([f"experiment={name}", *_small(root), *extra], fast=fast))
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in SAMPLE else pytest.mark.slow) for n in CIFAR])
-def test_cifar_fast_dev_run(compose_train, cifar_root, name):
-    metrics, objects = _run(compose_train, name, cifar_root)
+def test_cifar_fast_dev_run(train_built, compose_train, cifar_root, name):
+    record, objects = _run(train_built, compose_train, name, cifar_root)
+    metrics = record.metrics
     assert 0 <= metrics["test/top1"] <= metrics["test/top5"] <= 1 and "val/top1" in metrics
-    rec = objects["results"]
+    rec = record.to_dict()
     assert (rec["paper"] is None) == (name == "topk/cifar100")
     if rec["paper"]:
         assert reference.match(rec["paper"])
@@ -179,13 +181,13 @@ def test_cifar_fast_dev_run(compose_train, cifar_root, name):
 
 
 @pytest.mark.slow
-def test_test_metrics_come_from_the_best_validation_epoch_per_metric(compose_train, cifar_root):
+def test_test_metrics_come_from_the_best_validation_epoch_per_metric(train_built, compose_train, cifar_root):
     """Three epochs: test/top{k} is the history's entry at the best val/top{k} epoch (ties: the later one), and
     test/top1 equals the tested checkpoint's (the best val/top1 checkpoint, same tie rule)."""
-    metrics, objects = _run(compose_train, "topk/icml2022_t1/softmax_ce", cifar_root,
-                            ["trainer.max_epochs=3", "trainer.num_sanity_val_steps=0", "trainer.limit_train_batches=2",
-                             "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false"], fast=False)
-    model = objects["model"]
+    record, objects = _run(train_built, compose_train, "topk/icml2022_t1/softmax_ce", cifar_root,
+                           ["trainer.max_epochs=3", "trainer.num_sanity_val_steps=0", "trainer.limit_train_batches=2",
+                            "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false"], fast=False)
+    metrics, model = record.metrics, objects["model"]
     assert len(model.history) == 3
     for k in (1, 5):
         best = max(model.history[::-1], key=lambda h: h[f"val/top{k}"])  # the later one on ties
@@ -227,12 +229,13 @@ def test_imagenet_fast_dev_run(compose_train, embedding_root, name):
     protocol = OmegaConf.load(CONFIGS / "experiment" / f"{name}.yaml").defaults[0].lstrip("/")
     if protocol.removeprefix("experiment/") not in TOPK:
         pytest.skip(f"the protocol config {protocol} is not there yet (written beside these rows)")
-    metrics, objects = train(compose_train([f"experiment={name}", f"paths.data_dir={embedding_root}", "data.dim=16",
-                                            "data.val_size=20", "data.batch_size=20", "data.eval_batch_size=20"]))
+    record = train(compose_train([f"experiment={name}", f"paths.data_dir={embedding_root}", "data.dim=16",
+                                  "data.val_size=20", "data.batch_size=20", "data.eval_batch_size=20"]))
+    metrics = record.metrics
     assert 0 <= metrics["test/top1"] <= metrics["test/top5"] <= 1
     if "/in21kp_" in name:
         assert metrics["test/top5"] <= metrics["test/top10"] <= metrics["test/top20"] <= 1
-    assert objects["results"]["paper"] == OmegaConf.to_container(
+    assert record.paper == OmegaConf.to_container(
         OmegaConf.load(CONFIGS / "experiment" / f"{name}.yaml").paper)
 
 

@@ -16,6 +16,7 @@ from diffrank.experiments.algorithms.newton import NewtonAlgorithm
 from diffrank.experiments.analysis import report as compare
 from diffrank.experiments.models.shortest_path import CombResNet18, ShortestPathModule
 from diffrank.experiments.records import matching
+from diffrank.experiments.records.table_cells import table_rows
 from diffrank.experiments.run.composition import row_newton
 from diffrank.experiments.run.train import train
 from experiments.data.warcraft_files import write_warcraft
@@ -87,13 +88,14 @@ def test_rows_carry_their_paper_keys():
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in SAMPLE else pytest.mark.slow)
                                   for n in CONFIGS_WARCRAFT])
-def test_fast_dev_run(compose_train, warcraft_root, name):
-    metrics, objects = train(compose_train([f"experiment={name}", *_small(warcraft_root)]))
+def test_fast_dev_run(train_built, compose_train, warcraft_root, name):
+    record, objects = train_built(compose_train([f"experiment={name}", *_small(warcraft_root)]))
+    metrics = record.metrics
     for stage in ("val", "test"):
         assert 0 <= metrics[f"{stage}/em_path"] <= 1
         assert metrics[f"{stage}/cost_ratio"] >= 1 - 1e-9
     assert torch.isfinite(torch.tensor(metrics["train/loss"]))
-    rec = objects["results"]
+    rec = record.to_dict()
     assert rec["synthetic_data"] is True
     assert rec["choices"]["operator"] is None and rec["choices"]["model"] == "shortest_path"
     assert (rec["paper"] is None) == (name in PROTOCOLS)
@@ -115,14 +117,14 @@ def test_row_with_another_newton_loss_is_refused(compose_train, warcraft_root):
         train(compose_train(["experiment=warcraft/thesis_t7_4/for_l1_fisher", "newton=none", *_small(warcraft_root)]))
 
 
-def test_protocol_with_a_newton_loss_on_any_algorithm(compose_train, warcraft_root):
+def test_protocol_with_a_newton_loss_on_any_algorithm(train_built, compose_train, warcraft_root):
     """The protocol runs every algorithm with newton=<variant>; the smoothed algorithm has no second derivatives,
     so the Hessian variants are refused at the first step with a message naming fisher."""
-    _, objects = train(compose_train(["experiment=warcraft/shortest_path", "algorithm=blackbox", "newton=fisher",
-                                      "newton.tikhonov=0.5", *_small(warcraft_root)]))
+    record, objects = train_built(compose_train(["experiment=warcraft/shortest_path", "algorithm=blackbox",
+                                                 "newton=fisher", "newton.tikhonov=0.5", *_small(warcraft_root)]))
     algorithm = objects["model"].algorithm
     assert isinstance(algorithm, NewtonAlgorithm) and algorithm.tikhonov == 0.5
-    assert objects["results"]["paper"] is None and objects["results"]["choices"]["newton"] == "fisher"
+    assert record.paper is None and record.choices["newton"] == "fisher"
     with pytest.raises(ValueError, match="fisher"):
         train(compose_train(["experiment=warcraft/shortest_path", "algorithm=smoothed_algorithm",
                              "algorithm.samples=2", "newton=hessian", *_small(warcraft_root)]))
@@ -137,14 +139,14 @@ def test_row_with_another_algorithm_is_refused(compose_train, warcraft_root):
 
 
 @pytest.mark.slow
-def test_protocol_tests_the_final_epoch(compose_train, warcraft_root):
+def test_protocol_tests_the_final_epoch(train_built, compose_train, warcraft_root):
     cfg = compose_train(["experiment=warcraft/thesis_t2_2/blackbox", *_small(warcraft_root),
                          "trainer.max_epochs=2", "logger=csv"], fast=False)
     cfg.trainer.enable_progress_bar = False
     cfg.trainer.num_sanity_val_steps = 0
     cfg.callbacks = {k: v for k, v in cfg.callbacks.items() if k != "rich_progress_bar"}
-    _, objects = train(cfg)
-    ckpt = objects["results"]["checkpoint"]
+    record, objects = train_built(cfg)
+    ckpt = record.checkpoint
     assert ckpt["selected_by"]["monitor"] == "step" and ckpt["epoch"] == 1
     assert ckpt["global_step"] == objects["trainer"].global_step
 
@@ -187,13 +189,13 @@ def test_report_has_a_warcraft_section_cell_by_cell(tmp_path):
     assert result["runs"] == 3 and not result["unmatched"]
     t22 = result["tables"][("petersen_thesis_2022", "2.2")]
     assert len(t22) == 1
-    header, cells = compare.table_rows(t22)
+    header, cells = table_rows(t22)
     row = dict(zip(header, cells[0]))
     assert row["method"] == "Black-Box Loss" and row["metric"] == "EM_path" and row["paper"] == "86.6"
     assert row["data"] == "synthetic"  # generated maps are labelled on every row of the report
     assert row["ours"] == "86.00 ± 1.41" and row["Δ"] == "-0.60" and row["runs"] == "2"
     assert row["steps×batch"] == "7150×70"
-    header, cells = compare.table_rows(result["tables"][("petersen_thesis_2022", "7.5")])
+    header, cells = table_rows(result["tables"][("petersen_thesis_2022", "7.5")])
     row = dict(zip(header, cells[0]))
     assert (row["paper"], row["ours"], row["Δ"], row["runs"]) == ("80.64", "80.00", "-0.64", "1")
     md = compare.markdown(result)
@@ -207,7 +209,7 @@ def test_report_never_pools_synthetic_with_real_runs(tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "results.json").write_text(json.dumps({
             "status": "done", "paper": paper, "synthetic_data": synthetic, "metrics": {"test/em_path": em}}))
-    header, cells = compare.table_rows(matching.collect([tmp_path])["tables"][("petersen_thesis_2022", "2.2")])
+    header, cells = table_rows(matching.collect([tmp_path])["tables"][("petersen_thesis_2022", "2.2")])
     rows = sorted((r[header.index("data")], r[header.index("ours")], r[header.index("runs")]) for r in cells)
     assert rows == [("real", "90.00", "1"), ("synthetic", "50.00", "1")]
 
@@ -239,15 +241,15 @@ def test_report_sections_of_chapter_7_and_newton_runs_of_another_lambda_apart(tm
     result = matching.collect([tmp_path])
     assert not result["unmatched"]
     assert {t for _, t in result["tables"]} == {"7.2", "7.4", "7.6", "7.7"}
-    header, cells = compare.table_rows(result["tables"][("petersen_thesis_2022", "7.4")])
+    header, cells = table_rows(result["tables"][("petersen_thesis_2022", "7.4")])
     lines = sorted((r[header.index("Newton λ")], r[header.index("ours")], r[header.index("runs")]) for r in cells)
     assert lines == [("0.01", "1.00", "1"), ("1", "46.00 ± 1.41", "2")]
     assert {r[header.index("steps×batch")] for r in cells} == {"1430×70"}
-    header, cells = compare.table_rows(result["tables"][("petersen_thesis_2022", "7.6")])
+    header, cells = table_rows(result["tables"][("petersen_thesis_2022", "7.6")])
     row = dict(zip(header, cells[0]))
     assert (row["paper"], row["ours"], row["steps×batch"]) == ("84.60", "25.00", "1430×70")
     assert "Newton λ" not in header  # no Newton-loss run in the table
-    header, cells = compare.table_rows(result["tables"][("petersen_thesis_2022", "7.2")])
+    header, cells = table_rows(result["tables"][("petersen_thesis_2022", "7.2")])
     assert sorted((dict(zip(header, c))["metric"], dict(zip(header, c))["ours"]) for c in cells) == \
         [("EM", "50.00"), ("EW", "70.00")]
     md = compare.markdown(result)

@@ -55,15 +55,15 @@ def _final(out: Path):
 
 def _same_run(a, b, out_a: Path, out_b: Path):
     """The final weights and Adam moments (last.ckpt) are equal bit for bit, and so are the test metrics."""
-    (ma, oa), (mb, ob) = a, b
+    ma, mb = a.metrics, b.metrics
     wa, wb = _final(out_a), _final(out_b)
     assert wa.keys() == wb.keys()
     differ = [k for k in wa if not torch.equal(wa[k], wb[k])]
     assert not differ, f"weights differ after resume: {differ}"
     tests = {k: v for k, v in ma.items() if k.startswith("test/")}
     assert tests and tests == {k: mb[k] for k in tests}
-    assert oa["results"]["checkpoint"]["epoch"] == ob["results"]["checkpoint"]["epoch"]
-    assert oa["results"]["global_step"] == ob["results"]["global_step"]
+    assert a.checkpoint["epoch"] == b.checkpoint["epoch"]
+    assert a.global_step == b.global_step
 
 
 def test_killed_run_resumes_exactly(compose_train, tmp_path, monkeypatch):
@@ -77,7 +77,7 @@ def test_killed_run_resumes_exactly(compose_train, tmp_path, monkeypatch):
                                                                f"ckpt_path={last}"]))
     _same_run(full, resumed, tmp_path / "full", tmp_path / "resumed")
     # the best-so-far crossed the resume: the best is still epoch 0, in the killed run's folder
-    assert resumed[1]["results"]["checkpoint"]["path"] == str(tmp_path / "killed/checkpoints/epoch_000.ckpt")
+    assert resumed.checkpoint["path"] == str(tmp_path / "killed/checkpoints/epoch_000.ckpt")
 
 
 def test_killed_step_protocol_resumes_mid_epoch_exactly(compose_train, tmp_path, monkeypatch):
@@ -91,10 +91,11 @@ def test_killed_step_protocol_resumes_mid_epoch_exactly(compose_train, tmp_path,
     _same_run(full, resumed, tmp_path / "full", tmp_path / "resumed")
 
 
-def test_evaluate_a_checkpoint(compose_train, tmp_path):
+def test_evaluate_a_checkpoint(train_built, compose_train, tmp_path):
     """train=false ckpt_path=X tests X's weights (the numbers the training run reported for X), records it
     as an evaluation of X, and returns without asking for a training metric."""
-    metrics, objects = train(_cfg(compose_train, tmp_path / "train", ["trainer.max_epochs=2"]))
+    record, objects = train_built(_cfg(compose_train, tmp_path / "train", ["trainer.max_epochs=2"]))
+    metrics = record.metrics
     best = str(Path(objects["trainer"].checkpoint_callback.best_model_path).resolve())
     ckpt = torch.load(best, map_location="cpu", weights_only=False)
     cfg = _cfg(compose_train, tmp_path / "eval", ["train=false", f"ckpt_path={best}"])
@@ -117,7 +118,7 @@ def test_evaluation_needs_a_checkpoint(compose_train, tmp_path):
 
 def test_results_name_the_tested_checkpoint_and_the_compute(compose_train, tmp_path):
     """The headline's conditions: the tested checkpoint with its selection rule, and what decides the bits."""
-    rec = train(_cfg(compose_train, tmp_path, ["trainer.max_epochs=1"]))[1]["results"]
+    rec = train(_cfg(compose_train, tmp_path, ["trainer.max_epochs=1"]))
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["checkpoint"]["selected_by"] == {"monitor": "val/top1", "mode": "max", "ties": "later",
                                                   "score": pytest.approx(saved["metrics"]["val/top1_best"])}
@@ -128,15 +129,15 @@ def test_results_name_the_tested_checkpoint_and_the_compute(compose_train, tmp_p
     assert {"cpu_model", "num_interop_threads", "env", "torch", "cuda", "cudnn", "onednn",
             "deterministic"} <= set(compute)
     assert saved["split_seed"] == 0 and saved["seed"] == 0
-    assert rec["evaluated_checkpoint"] is None
+    assert rec.evaluated_checkpoint is None
 
 
 def test_resume_after_the_last_validation_reports_its_score(compose_train, tmp_path):
     """A run killed while testing resumes with nothing left to train: its selection metric is the checkpoint's
     last validation (no KeyError for an unlogged metric), and the test metrics are those of the same weights."""
-    metrics, _ = train(_cfg(compose_train, tmp_path / "a", ["trainer.max_epochs=1"]))
+    metrics = train(_cfg(compose_train, tmp_path / "a", ["trainer.max_epochs=1"])).metrics
     last = tmp_path / "a" / "checkpoints" / "last.ckpt"
-    again, _ = train(_cfg(compose_train, tmp_path / "b", ["trainer.max_epochs=1", f"ckpt_path={last}"]))
+    again = train(_cfg(compose_train, tmp_path / "b", ["trainer.max_epochs=1", f"ckpt_path={last}"])).metrics
     assert again["val/top1"] == pytest.approx(metrics["val/top1"])
     assert {k: v for k, v in again.items() if k.startswith("test/")} == \
         {k: v for k, v in metrics.items() if k.startswith("test/")}

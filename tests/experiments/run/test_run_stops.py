@@ -133,7 +133,7 @@ def test_a_signal_the_process_ignores_stays_ignored(tmp_path, monkeypatch):
     """Under nohup (SIGHUP ignored) a closed terminal does not stop the run."""
     seen = {}
     monkeypatch.setattr(runner, "train", lambda cfg, lock=None: (seen.update(
-        hup=signal.getsignal(signal.SIGHUP), term=signal.getsignal(signal.SIGTERM)), ({}, {}))[1])
+        hup=signal.getsignal(signal.SIGHUP), term=signal.getsignal(signal.SIGTERM)), RunRecord())[1])
     old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         runner.run(_cfg(tmp_path))

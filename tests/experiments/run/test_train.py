@@ -23,10 +23,11 @@ def _topk_operators():
 @pytest.mark.parametrize("name", _topk_operators())
 def test_fast_dev_run_every_operator(compose_train, name):
     cfg = compose_train([f"operator={name}", "pk=half_top5", *SMALL])
-    metrics, objects = train(cfg)
+    record = train(cfg)
+    metrics = record.metrics
     assert {"test/top1", "test/top5"} <= set(metrics)
     assert 0 <= metrics["test/top5"] <= 1 and metrics["test/top1"] <= metrics["test/top5"]
-    rec = objects["results"]
+    rec = record.to_dict()
     assert rec["choices"]["operator"] == name and rec["choices"]["pk"] == "half_top5"
     saved = json.loads((ROOT / cfg.paths.output_dir / "results.json").read_text())
     assert saved["metrics"]["test/top1"] == pytest.approx(metrics["test/top1"])
@@ -47,16 +48,17 @@ def test_operator_without_topk_is_rejected_by_topk_loss(compose_train, name):
                                   if o not in ("topk_ce", "knn", "reconstruction_mse", "resgro")
                                   and not o.startswith("sort_")])
 def test_fast_dev_run_baseline_losses(compose_train, loss):
-    metrics, objects = train(compose_train([f"loss={loss}", *SMALL]))
+    record = train(compose_train([f"loss={loss}", *SMALL]))
+    metrics = record.metrics
     assert "test/top5" in metrics
-    rec = objects["results"]  # the baselines read neither ${operator} nor ${pk}: the run records neither
+    rec = record.to_dict()  # the baselines read neither ${operator} nor ${pk}: the run records neither
     assert rec["choices"]["loss"] == loss and not {"operator", "pk"} & set(rec["choices"])
     assert rec["config"]["operator"] is None and rec["config"]["pk"] is None
 
 
-def test_m_subset_and_top1_modes(compose_train):
+def test_m_subset_and_top1_modes(train_built, compose_train):
     for mode in ("eq4", "sm", "sort"):
-        metrics, objects = train(compose_train(["operator=softsort", "loss.m=8", f"loss.top1_mode={mode}", *SMALL]))
+        _, objects = train_built(compose_train(["operator=softsort", "loss.m=8", f"loss.top1_mode={mode}", *SMALL]))
         assert objects["loss"].m == 8 and objects["loss"].top1_mode == mode
 
 
@@ -76,8 +78,8 @@ def test_bad_pk_from_command_line(compose_train):
         train(compose_train(["pk.weights=[1.5,-0.5]", *SMALL]))
 
 
-def test_pk_from_command_line(compose_train):
-    _, objects = train(compose_train(["pk.weights=[0.5,0.5]", "operator=neuralsort", *SMALL]))
+def test_pk_from_command_line(train_built, compose_train):
+    record, objects = train_built(compose_train(["pk.weights=[0.5,0.5]", "operator=neuralsort", *SMALL]))
     assert objects["loss"].p_k.weights == (0.5, 0.5)
 
 
@@ -118,22 +120,23 @@ def test_train_py_subprocess(tmp_path):
     assert list(tmp_path.glob("train/runs/*/results.json"))
 
 
-def test_model_brings_its_loss_and_selection_metric(compose_train):
+def test_model_brings_its_loss_and_selection_metric(train_built, compose_train):
     """model=sorting with sorting data and any full-P operator trains: sort_bce and val/em5 come with the model."""
     cfg = compose_train(["model=sorting", "data=digits_sort", "operator=neuralsort", "data.batch_size=8",
                          "data.val_sets=8", "data.test_sets=8"])
     assert cfg.hydra.runtime.choices.loss == "sort_bce" and cfg.optimized_metric == "val/em5"
     assert OmegaConf.to_container(cfg.loss)["operator"] == "${operator}"  # the loss is assembled in its yaml
-    metrics, objects = train(cfg)
+    record, objects = train_built(cfg)
+    metrics = record.metrics
     assert "val/em5" in metrics and "test/em" in metrics
     assert type(objects["loss"]).__name__ == "SortingBCELoss" and type(objects["operator"]).__name__ == "NeuralSort"
-    assert "pk" not in objects["results"]["choices"]
+    assert "pk" not in record.choices
     assert compose_train([]).optimized_metric == "val/top1"  # the classifier's
 
 
 def test_sorting_data_without_files_names_them(compose_train, tmp_path):
     """data=mnist_sort / svhn_sort composed by hand without their files: the files, not an interpolation error."""
-    from diffrank.experiments.data.mnist_sort import MNIST_FILES
+    from diffrank.experiments.data.number_sets import MNIST_FILES
     from diffrank.experiments.data.svhn_sort import SVHN_FILES
 
     for extra in ([], ["model=sorting"]):
@@ -179,6 +182,6 @@ def test_smooth_topk_loss_configs(compose_train):
                          ids=["p2", "dykstra"])
 def test_sparse_soft_topk_trains_with_its_other_p_and_solver(compose_train, overrides):
     """The sparse soft top-k's defaults run in test_fast_dev_run_every_operator; here its other p and solver."""
-    metrics, _ = train(compose_train(["operator=sparse_soft_topk", "pk=half_top5", "trainer.fast_dev_run=true",
-                                      *overrides, *SMALL]))
+    metrics = train(compose_train(["operator=sparse_soft_topk", "pk=half_top5", "trainer.fast_dev_run=true",
+                                      *overrides, *SMALL])).metrics
     assert 0 <= metrics["test/top1"] <= metrics["test/top5"] <= 1

@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from diffrank.experiments.data.embeddings import open_split
-from diffrank.experiments.run.train import train
+from diffrank.experiments.data.embedding_cache import open_split
 from diffrank.experiments.tools import convert_embeddings, extract_embeddings
 from experiments.data.embedding_files import FOLDERS, PAPER_KEYS, write_embedding_cache, write_paper_pickle
 
@@ -178,11 +177,12 @@ def embedding_root(tmp_path_factory):
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n == "topk/imagenet1k" else pytest.mark.slow)
                                   for n in PROTOCOLS])
-def test_protocol_fast_dev_run(compose_train, embedding_root, name):
+def test_protocol_fast_dev_run(train_built, compose_train, embedding_root, name):
     cfg = compose_train([f"experiment={name}", f"paths.data_dir={embedding_root}", "data.val_size=100"])
     _, dim, classes = PROTOCOLS[name]
     assert cfg.data.batch_size == 500 and cfg.model.net.in_features == dim and cfg.data.num_classes == classes
-    metrics, objects = train(cfg)
+    record, objects = train_built(cfg)
+    metrics = record.metrics
     ks = [1, 5, 10, 20] if name == "topk/imagenet21kp" else [1, 5]
     assert all(0 <= metrics[f"test/top{k}"] <= 1 for k in ks)
     assert objects["loss"].m == (50 if name == "topk/imagenet21kp" else 16)

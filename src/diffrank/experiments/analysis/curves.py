@@ -11,7 +11,7 @@ import argparse
 import csv
 from pathlib import Path
 
-from diffrank.experiments.analysis.report import save_figure
+from diffrank.experiments.analysis.report_render import save_figure
 from diffrank.experiments.records.record import RECORD_FILE, RunRecord
 
 

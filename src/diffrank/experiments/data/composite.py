@@ -15,9 +15,10 @@ Composites are class-balanced (every composite label equally often, ±1) and a p
 ``split_seed``; ``seed`` only orders the training batches
 (:class:`~diffrank.experiments.data.samplers.EpochSampler`).
 
-Images are normalised per source (the mean / std of :data:`diffrank.experiments.data.images.IMAGE_SETS`) and optionally
-downscaled by an integer factor (mean pooling) to keep one training run cheap on a CPU thread. Offline a missing
-file raises :class:`FileNotFoundError` naming it (``diffrank.experiments.data.images.load_image_arrays``).
+Images are normalised per source (the mean / std of :data:`diffrank.experiments.data.image_readers.IMAGE_SETS`)
+and optionally downscaled by an integer factor (mean pooling) to keep one training run cheap on a CPU thread.
+Offline a missing file raises :class:`FileNotFoundError` naming it
+(``diffrank.experiments.data.image_readers.load_image_arrays``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from diffrank.experiments.data.images import IMAGE_SETS, load_image_arrays
+from diffrank.experiments.data.image_readers import IMAGE_SETS, load_image_arrays
 from diffrank.experiments.data.samplers import EpochSampler
 
 SPLITS = ("train", "val", "test")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from diffrank.experiments.data.warcraft import (
+from diffrank.experiments.data.warcraft_maps import (
     MARKER,
     SPLITS,
     SYNTHETIC_ROOT,

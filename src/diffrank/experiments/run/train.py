@@ -50,7 +50,7 @@ from diffrank.experiments.records.folder import (
     folder_state,
     refuse_other_run,
 )
-from diffrank.experiments.records.record import RECORD_FILE, to_float
+from diffrank.experiments.records.record import RECORD_FILE, RunRecord, to_float
 from diffrank.experiments.run.build import Built, build
 from diffrank.experiments.run.fit import check_selection_metric, fit_built
 from diffrank.experiments.run.process import (
@@ -122,7 +122,7 @@ def may_start(cfg: DictConfig, job: HydraJob) -> dict[str, Any] | None:
     return None
 
 
-def train(cfg: DictConfig, lock: FolderLock | None = None) -> tuple[dict[str, float], dict[str, Any]]:
+def train(cfg: DictConfig, lock: FolderLock | None = None) -> RunRecord:
     """Run one experiment described by ``cfg``: :func:`may_start`, then
     :func:`~diffrank.experiments.run.build.build`, :func:`~diffrank.experiments.run.fit.fit_built` and
     :func:`~diffrank.experiments.records.finished.make_record` (written as ``<paths.output_dir>/results.json`` by
@@ -130,8 +130,8 @@ def train(cfg: DictConfig, lock: FolderLock | None = None) -> tuple[dict[str, fl
 
     A paper row run with another operator is refused, and groups nothing reads (P_K in a sorting run) are left
     out of the record: :mod:`diffrank.experiments.run.composition`.
-    A multirun job that already finished returns its recorded metrics without building anything (``outputs`` is
-    then ``{"results": record, "skipped": True}``). Any W&B run is finished on the way out, also after an exception.
+    A multirun job that already finished returns its record, read back, without building anything. Any W&B run is
+    finished on the way out, also after an exception.
 
     Args:
         cfg: the composed ``configs/train.yaml`` (needs ``HydraConfig`` set when it uses ``${hydra:…}``).
@@ -139,8 +139,9 @@ def train(cfg: DictConfig, lock: FolderLock | None = None) -> tuple[dict[str, fl
             ``train`` takes the folder's lock itself and releases it when it returns.
 
     Returns:
-        ``(metrics, outputs)``: the final metrics (``test/*``, ``val/*``, ``train/*`` as floats) and the
-        built objects (datamodule, operator, loss, model, trainer, and ``results``: the record written, as a dict).
+        The run's :class:`~diffrank.experiments.records.record.RunRecord` (the one written to ``results.json``;
+        its ``metrics``: ``test/*``, ``val/*``, ``train/*`` as floats). On the other processes of a DDP run, which
+        write nothing, a bare record holding only the metrics (no ``finished_at``).
 
     Raises:
         ValueError: unknown or incompatible choices (e.g. a loss that the operator cannot serve), or a global
@@ -154,7 +155,7 @@ def train(cfg: DictConfig, lock: FolderLock | None = None) -> tuple[dict[str, fl
     job = hydra_job()
     finished = may_start(cfg, job)
     if finished is not None:
-        return dict(finished.get("metrics") or {}), {"results": finished, "skipped": True}
+        return RunRecord.from_dict(finished)
     out = output_dir(cfg)
     own = lock is None
     if own and out and main_process():
@@ -169,12 +170,12 @@ def train(cfg: DictConfig, lock: FolderLock | None = None) -> tuple[dict[str, fl
             fitted = fit_built(built)
             metrics = {k: to_float(v) for k, v in {**fitted["fit"], **fitted["eval"], **fitted["test"]}.items()}
             check_selection_metric(built, metrics)  # before a "done" record: a run without it did not finish
-            outputs = built.components
+            record = RunRecord(metrics=metrics)  # the other DDP processes record nothing
             if built.trainer.is_global_zero:
-                outputs["results"] = _record_run(built, fitted, metrics, time.time() - t0)
+                record = _record_run(built, fitted, metrics, time.time() - t0)
         finally:
             finish_wandb()
-        return metrics, outputs
+        return record
     except BaseException as e:
         e.diffrank_run = lineage  # the failure / interruption record names the run
         raise
@@ -183,17 +184,16 @@ def train(cfg: DictConfig, lock: FolderLock | None = None) -> tuple[dict[str, fl
             lock.release()
 
 
-def _record_run(built: Built, fitted: dict[str, Any], metrics: dict[str, float], wall_time_s: float) -> dict[str, Any]:
-    """Make the run's record, write it into its folder, log it to W&B beside the paper's row; returns it as a dict."""
+def _record_run(built: Built, fitted: dict[str, Any], metrics: dict[str, float], wall_time_s: float) -> RunRecord:
+    """Make the run's record, write it into its folder, log it to W&B beside the paper's row; returns it."""
     diverged = getattr(built.callback(DivergenceGuard), "reason", None)
     record = make_record(built, fitted, metrics, wall_time_s, diverged=diverged, identity=built.callback(RunIdentity),
                          smoke=smoke_budget())
     out = output_dir(built.cfg)
     if out:
         log.info("results: %s", record.write(Path(out) / RECORD_FILE))
-    results = record.to_dict()
-    log_paper_comparisons(built.loggers, results)
-    return results
+    log_paper_comparisons(built.loggers, record.to_dict())
+    return record
 
 
 def run(cfg: DictConfig) -> float | None:
@@ -222,14 +222,14 @@ def run(cfg: DictConfig) -> float | None:
     t0 = time.time()
     out = output_dir(cfg)
     lock = FolderLock.take_over(out) if out and main_process() else None  # Hydra's guard took it
-    if lock is None and out and main_process():
-        job = hydra_job()
-        if finished_record(cfg, job.overrides, job.multirun) is None:  # a skipped job writes nothing
-            lock = FolderLock(out).acquire()  # FolderBusy / FolderNotWritable: nothing of ours to record
+    job = hydra_job()
+    skipped = finished_record(cfg, job.overrides, job.multirun) is not None  # train() returns its record
+    if lock is None and out and main_process() and not skipped:  # a skipped job writes nothing
+        lock = FolderLock(out).acquire()  # FolderBusy / FolderNotWritable: nothing of ours to record
     try:
         with interruptible():
             try:
-                metrics, outputs = train(cfg, lock)
+                record = train(cfg, lock)
             except (FolderBusy, FolderTaken, FolderNotWritable):
                 raise  # the folder is another run's, or not ours to write: its record stays as it is
             except (Exception, Signalled) as e:
@@ -241,15 +241,16 @@ def run(cfg: DictConfig) -> float | None:
         finish_wandb()
         if lock is not None:
             lock.release()
-    return _report(cfg, metrics, outputs)
+    return _report(cfg, record, skipped)
 
 
-def _report(cfg: DictConfig, metrics: dict[str, float], outputs: dict[str, Any]) -> float | None:
+def _report(cfg: DictConfig, record: RunRecord, skipped: bool) -> float | None:
     """Print the test metrics and where the run went; a single run that diverged exits with status 3. Returns
-    ``cfg.optimized_metric`` for sweepers."""
-    print_summary(metrics, outputs.get("results"))
-    results = outputs.get("results") or {}
-    if outputs.get("skipped"):
+    ``cfg.optimized_metric`` for sweepers. ``skipped``: the job had finished earlier (its record read back)."""
+    metrics = record.metrics
+    results = record.to_dict() if skipped or record.finished_at is not None else {}  # DDP's other processes: none
+    print_summary(metrics, results or None)
+    if skipped:
         log.info("finished earlier (skip_finished): %s", results.get("run_dir"))
     elif results:
         log.info("wall time %.1f s; run folder %s", results["wall_time_s"], results["run_dir"])

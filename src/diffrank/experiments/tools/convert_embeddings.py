@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from diffrank.experiments.data.embeddings import INDEX, EmbeddingCacheWriter, open_split, paper_key_scheme
+from diffrank.experiments.data.embedding_cache import INDEX, EmbeddingCacheWriter, open_split, paper_key_scheme
 
 # What the file names of the released pickles say (model, input size): the defaults of --model / --img-size.
 KNOWN_FILES = {

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from diffrank.experiments.data.embeddings import EmbeddingCacheWriter
+from diffrank.experiments.data.embedding_cache import EmbeddingCacheWriter
 
 
 class WeightsMissing(RuntimeError):

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from diffrank.experiments.data.images import write_random_cifar100
+from diffrank.experiments.data.image_readers import write_random_cifar100
 from diffrank.registry import config_dir
 
 PRECISIONS = ("32-true", "bf16-mixed")  # sorting --precision: Lightning's names
