@@ -67,6 +67,7 @@ def interruptible() -> Iterator[None]:
     received: list[int] = []
 
     def stop(signum: int, frame: Any) -> None:
+        """The handler: the first stop signal raises :class:`Signalled`; later ones are reported and ignored."""
         received.append(signum)
         if len(received) == 1:
             raise Signalled(signum)

@@ -32,6 +32,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from diffrank.benchmark import positive_int  # the benchmarks' argparse type: an integer >= 1
 from diffrank.experiments.records.folder import FINAL, FolderState, folder_state, job_overrides
 from diffrank.experiments.run.resolvers import split_top_level
 from diffrank.experiments.tools.cells_queue import run_queue
@@ -205,17 +206,6 @@ def check_composes(job: Job) -> None:
         GlobalHydra.instance().clear()
 
 
-def _at_least_one(text: str) -> int:
-    """An argparse type: an integer >= 1 (``--slots``, ``--threads``)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"an integer >= 1, got '{text}'") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"at least 1, got {value}")
-    return value
-
-
 def main(argv: list[str] | None = None) -> dict[str, int]:
     """Command line: run (or continue) the seeds of one or more cells; see the module docstring.
 
@@ -230,9 +220,9 @@ def main(argv: list[str] | None = None) -> dict[str, int]:
                     help="experiment configs, e.g. sorting/thesis_t3_5/bitonic_lambda04_n32_b4 (one queue)")
     ap.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     ap.add_argument("--grid", action="append", default=[], help="key=v1,v2 (repeatable): values crossed with seeds")
-    ap.add_argument("--slots", type=_at_least_one, default=max(1, os.cpu_count() or 1),
+    ap.add_argument("--slots", type=positive_int, default=max(1, os.cpu_count() or 1),
                     help="jobs at a time (default: cores)")
-    ap.add_argument("--threads", type=_at_least_one, default=1, help="threads per job (default 1)")
+    ap.add_argument("--threads", type=positive_int, default=1, help="threads per job (default 1)")
     ap.add_argument("--out", type=Path, default=Path("outputs/cells"), help="root of the job folders")
     ap.add_argument("--dry-run", action="store_true", help="print the jobs and their state, run nothing")
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -32,9 +32,11 @@ VARIANTS = ("plain", "hessian", "fisher", "elementwise_hessian")
 def cases():
     """(name, loss, make_batch) for the loss rows of the throughput table (docs/newton.md)."""
     def classification(b, n):
+        """Batches of B logits (B, n) and class labels (B,)."""
         return lambda: (torch.randn(b, n), torch.randint(0, n, (b,)))
 
     def sorting(b, n):
+        """Batches of B score rows (B, n) and the values they rank (B, n)."""
         return lambda: (torch.randn(b, n), torch.randn(b, n))
 
     yield "softmax CE, MNIST (B 128, d 10)", SoftmaxCrossEntropyLoss(), classification(128, 10)
@@ -65,6 +67,7 @@ def loss_step(loss, batch):
     y0, target = batch
 
     def step():
+        """One timed step (forward, backward and, where there is an optimiser, its update)."""
         y = y0.clone().requires_grad_(True)
         loss(y, target).backward()
 
@@ -83,6 +86,7 @@ def m1_step(loss, batch):
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
 
     def step():
+        """One timed step (forward, backward and, where there is an optimiser, its update)."""
         opt.zero_grad()
         loss(net(x), target).backward()
         opt.step()
@@ -99,6 +103,7 @@ def sorting_step(loss, batch):
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
 
     def step():
+        """One timed step (forward, backward and, where there is an optimiser, its update)."""
         opt.zero_grad()
         b, n = values.shape
         loss(net(images.flatten(0, 1)).view(b, n), values).backward()
@@ -116,6 +121,7 @@ def warcraft_step(loss, batch):
     opt = torch.optim.Adam(net.parameters(), lr=5e-4)
 
     def step():
+        """One timed step (forward, backward and, where there is an optimiser, its update)."""
         opt.zero_grad()
         loss(net(maps), paths).backward()
         opt.step()
@@ -132,6 +138,7 @@ def ch7_rows(tikhonov: float):
     from diffrank.experiments.algorithms.sampling import SmoothedAlgorithmDijkstra, SmoothedLossDijkstra
 
     def sets(b, n):
+        """Batches of B sets of n four-digit images (B, n, 1, 28, 112) and their values (B, n)."""
         return lambda: (torch.rand(b, n, 1, 28, 112), torch.randint(0, 10000, (b, n)))
 
     for n in (5, 10):
@@ -142,7 +149,9 @@ def ch7_rows(tikhonov: float):
                    sorting_step)
 
     def warcraft(b, maps=False):
+        """Batches of B Warcraft inputs (maps (B, 3, 96, 96), or costs (B, 12, 12)) and their shortest paths."""
         def make():
+            """One batch: (inputs, true shortest-path indicators (B, 12, 12))."""
             true = torch.rand(b, 12, 12) * 9 + 0.5
             x = torch.rand(b, 3, 96, 96) if maps else torch.rand(b, 12, 12) * 5 + 0.1
             return x, shortest_paths(true)
