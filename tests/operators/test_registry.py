@@ -26,10 +26,13 @@ from diffrank.operators.table import (
     BEGIN,
     COMMAND,
     END,
+    EXPORTS_BEGIN,
+    EXPORTS_END,
     canonical_configs,
     constructor_defaults,
     default_files,
     render,
+    render_exports,
     replace_block,
     stale,
 )
@@ -146,12 +149,13 @@ def test_several_configs_of_one_class_name_a_canonical_one():
     assert canonical["diffrank.operators.lapsum.LapSum"] == "lapsum"
 
 
-def test_docs_tables_are_generated_from_the_registry():
-    """The table lives in one page (docs/operators.md); the pages that used to repeat it link to it."""
+def test_docs_table_and_exports_are_generated_from_the_registry():
+    """The table lives in one page (docs/operators.md), the pages that used to repeat it link to it; the exports
+    of ``diffrank.operators`` are the block that the same command writes."""
     files = default_files()
-    assert files == [ROOT / "docs" / "operators.md"]
+    assert files == [ROOT / "docs" / "operators.md", ROOT / "src" / "diffrank" / "operators" / "__init__.py"]
     differ = stale(files)
-    assert not differ, f"{[str(f.relative_to(ROOT)) for f in differ]}: the operator table is stale; run `{COMMAND}`"
+    assert not differ, f"{[str(f.relative_to(ROOT)) for f in differ]}: a generated block is stale; run `{COMMAND}`"
     for page in ("README.md", "docs/api.md", "docs/conventions.md"):
         text = (ROOT / page).read_text(encoding="utf-8")
         assert BEGIN not in text and "operators.md" in text, page
@@ -199,6 +203,14 @@ def test_command_line_check_and_write(tmp_path):
     assert main([str(doc)]) == 0
     assert main(["--check", str(doc)]) == 0
     assert doc.read_text(encoding="utf-8") == f"# t\n{BEGIN}\n{render()}\n{END}\n"
+    module = tmp_path / "exports.py"
+    module.write_text(f"from typing import TYPE_CHECKING\n{EXPORTS_BEGIN}\n{EXPORTS_END}\n", encoding="utf-8")
+    assert main(["--check", str(module)]) == 1
+    assert main([str(module)]) == 0
+    namespace: dict = {}
+    exec(module.read_text(encoding="utf-8"), namespace)
+    assert namespace["OPERATOR_MODULES"] == operators.OPERATOR_MODULES
+    assert namespace["__all__"] == operators.__all__
 
 
 # -- planted cases: each check fails on a registry that breaks its rule -----------------------------------------
@@ -271,10 +283,22 @@ def test_planted_missing_export_fails(planted, monkeypatch):
     assert not export_errors()
 
 
+def test_planted_operator_is_exported_by_the_command(planted):
+    """A new config is all the command needs: its class enters the written-out exports; a stale block fails."""
+    block = render_exports()
+    assert '    "PlantedOperator": "diffrank_planted_registry",' in block
+    assert "    from diffrank_planted_registry import PlantedOperator" in block
+    init = Path(operators.__file__)
+    assert stale([init]) == [init]
+
+
 def test_planted_class_name_clash_fails(planted):
     """A config whose class has the name of another exported class is not diffrank.operators.<name>."""
     planted("clash", "_target_: diffrank_planted_registry.LapSum\nbeta: 1.0\n")
     assert "clash: diffrank_planted_registry.LapSum is not diffrank.operators.LapSum" in export_errors()
+    planted("lapsum", "_target_: diffrank.operators.lapsum.LapSum\nbeta: 1.0\n")
+    with pytest.raises(ValueError, match="can export one class of each name"):
+        render_exports()
 
 
 class PlantedChild(PlantedOperator):
