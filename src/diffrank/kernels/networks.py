@@ -317,7 +317,7 @@ def network_forward(x: Tensor, net, beta: float, sigmoid: str, art_lambda: float
                     y0: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     """The relaxed network's forward launch (Petersen et al. 2021, Eq. 1; rows by the bidirectional evaluation of
     Petersen et al. 2022, Eq. 3); the autograd Function around it is
-    :class:`~diffrank.operators.sorting_network._NetKernel`.
+    :class:`~diffrank.operators.sorting_network._Net` (with ``kernel=True``).
 
     Args:
         x: ``(B, n)`` scores on CUDA (or the CPU under ``TRITON_INTERPRET=1``), computed in float32.

@@ -407,8 +407,11 @@ def constant(make):
         make: a function of no arguments returning a tensor or a tuple of tensors.
 
     Returns:
-        What ``make`` returns, built with the functorch dispatch disabled.
+        What ``make`` returns, built with the functorch dispatch disabled (under ``torch.compile``, which cannot
+        trace that guard, as it is: dynamo builds it as a graph constant).
     """
+    if torch.compiler.is_compiling():
+        return make()
     with torch._C._DisableFuncTorch():
         return make()
 

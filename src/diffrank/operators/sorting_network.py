@@ -135,8 +135,55 @@ def _replay(snaps: Sequence[Tensor], layers: Sequence, ws: Sequence[Tensor], dim
             yield deltas.pop()
 
 
+def _walk(x: Tensor, net: Network, beta: float, sigmoid: str, art_lambda: float, mode: str,
+          y0: Tensor | None) -> tuple[Tensor, ...]:
+    """The PyTorch forward of :class:`_Net`: the network walked layer by layer on a copy of ``x`` ``(B, n)``;
+    returns the output, then per layer Δ, then per layer w, then the snapshots of P / rows (see :class:`_Net`)."""
+    x = x.clone(memory_format=torch.contiguous_format)
+    B, n = x.shape
+    p = torch.eye(n, dtype=x.dtype, device=x.device).repeat(B, 1, 1) if mode == "full" else None
+    L = len(net.layers)
+    S = _segment(L, B * n * (n if mode == "full" else y0.shape[1] if mode == "rows" else 0))
+    xd, ws, snaps = [], [], []
+    for t, layer in enumerate(net.layers):
+        if layer.block is not None:
+            first, second = _pairs(x, layer.block, 1)
+            delta = second - first
+            w = 1.0 - swap_weight(_direction(layer, x.device, x.dtype) * -delta, beta, sigmoid, art_lambda)
+            step = w * delta
+            first += step
+            second -= step
+        else:
+            partner, sign = layer.tensors(x.device, x.dtype)
+            delta = x.index_select(1, partner) - x
+            w = 1.0 - swap_weight(sign * -delta, beta, sigmoid, art_lambda)
+            x.addcmul_(w, delta)
+        if p is not None:
+            if S > 1 and t % S == 0:
+                snaps.append(p.clone())
+            dp = _mix(p, layer, w, 1)
+            if S == 1:
+                snaps.append(dp)
+        xd.append(delta)
+        ws.append(w)
+    out = x if mode == "values" else p
+    if mode == "rows":
+        # a copy even when y0 already has B rows: the chain below updates y in place
+        y = y0.expand(B, -1, -1).clone(memory_format=torch.contiguous_format)
+        for i, (layer, w) in enumerate(zip(reversed(net.layers), reversed(ws))):  # layer T first
+            if S > 1 and i % S == 0:
+                snaps.append(y.clone())
+            dy = _mix(y, layer, w, 2)
+            if S == 1:
+                snaps.append(dy)
+        out = y
+    return (out, *xd, *ws, *snaps)
+
+
 class _Net(torch.autograd.Function):
-    """The whole relaxed network in one autograd node: values, and optionally full P or rows W·P.
+    """The whole relaxed network in one autograd node: values, and optionally full P or rows W·P; with
+    ``kernel=True`` through the fused launches of :mod:`diffrank.kernels.networks` (values or rows, float32),
+    else in PyTorch (:func:`_walk`).
 
     Forward, per layer (strided layers on views of the wires, others through the wire permutation):
     Δ = x_second - x_first, α = f(β·(x_hi - x_lo)), w = 1 - α, first += w·Δ, second -= w·Δ (the update
@@ -168,51 +215,17 @@ class _Net(torch.autograd.Function):
 
     @staticmethod
     def forward(x: Tensor, net: Network, beta: float, sigmoid: str, art_lambda: float, mode: str,
-                y0: Tensor | None) -> tuple[Tensor, ...]:
-        x = x.clone(memory_format=torch.contiguous_format)
-        B, n = x.shape
-        p = torch.eye(n, dtype=x.dtype, device=x.device).repeat(B, 1, 1) if mode == "full" else None
-        L = len(net.layers)
-        S = _segment(L, B * n * (n if mode == "full" else y0.shape[1] if mode == "rows" else 0))
-        xd, ws, snaps = [], [], []
-        for t, layer in enumerate(net.layers):
-            if layer.block is not None:
-                first, second = _pairs(x, layer.block, 1)
-                delta = second - first
-                w = 1.0 - swap_weight(_direction(layer, x.device, x.dtype) * -delta, beta, sigmoid, art_lambda)
-                step = w * delta
-                first += step
-                second -= step
-            else:
-                partner, sign = layer.tensors(x.device, x.dtype)
-                delta = x.index_select(1, partner) - x
-                w = 1.0 - swap_weight(sign * -delta, beta, sigmoid, art_lambda)
-                x.addcmul_(w, delta)
-            if p is not None:
-                if S > 1 and t % S == 0:
-                    snaps.append(p.clone())
-                dp = _mix(p, layer, w, 1)
-                if S == 1:
-                    snaps.append(dp)
-            xd.append(delta)
-            ws.append(w)
-        out = x if mode == "values" else p
-        if mode == "rows":
-            # a copy even when y0 already has B rows: the chain below updates y in place
-            y = y0.expand(B, -1, -1).clone(memory_format=torch.contiguous_format)
-            for i, (layer, w) in enumerate(zip(reversed(net.layers), reversed(ws))):  # layer T first
-                if S > 1 and i % S == 0:
-                    snaps.append(y.clone())
-                dy = _mix(y, layer, w, 2)
-                if S == 1:
-                    snaps.append(dy)
-            out = y
-        return (out, *xd, *ws, *snaps)
+                y0: Tensor | None, kernel: bool) -> tuple[Tensor, ...]:
+        if kernel:
+            from diffrank.kernels.networks import network_forward
+
+            return network_forward(x, net, beta, sigmoid, art_lambda, mode, y0)
+        return _walk(x, net, beta, sigmoid, art_lambda, mode, y0)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
-        x, net, beta, sigmoid, art_lambda, mode, y0 = inputs
+        x, net, beta, sigmoid, art_lambda, mode, y0, ctx.kernel = inputs
         ctx.mark_non_differentiable(*output[1:])
         ctx.set_materialize_grads(False)  # no zero gradients for the intermediates
         ctx.save_for_backward(x, y0, *output[1:])
@@ -224,9 +237,10 @@ class _Net(torch.autograd.Function):
                                                           else 0))
 
     @staticmethod
-    def vmap(info, in_dims, x, net, beta, sigmoid, art_lambda, mode, y0):
+    def vmap(info, in_dims, x, net, beta, sigmoid, art_lambda, mode, y0, kernel):
         """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
-        return fold_vmap(info, in_dims, _Net.apply, (x, net, beta, sigmoid, art_lambda, mode, y0), rows=(0, 6))
+        return fold_vmap(info, in_dims, _Net.apply, (x, net, beta, sigmoid, art_lambda, mode, y0, kernel),
+                         rows=(0, 6))
 
     @staticmethod
     def jvp(ctx, x_t: Tensor | None, *_):
@@ -238,10 +252,10 @@ class _Net(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g: Tensor | None, *_):
-        """The VJP: recorded (grad mode on) the exact, differentiable one; else the layers walked back with the
-        saved Δ, w and snapshots (:func:`_rows_weight_grads`, :func:`_full_layer_backward`,
-        :func:`_values_layer_backward`)."""
-        none = (None,) * 6
+        """The VJP: recorded (grad mode on) the exact, differentiable one; else the kernels' backward, or the
+        layers walked back with the saved Δ, w and snapshots (:func:`_rows_weight_grads`,
+        :func:`_full_layer_backward`, :func:`_values_layer_backward`)."""
+        none = (None,) * 7
         if g is None:
             return (None, *none)
         net, mode = ctx.net, ctx.mode
@@ -249,6 +263,11 @@ class _Net(torch.autograd.Function):
         if torch.is_grad_enabled():  # the backward is recorded: exact second derivatives
             return (differentiable_vjp(net, saved[0], ctx.beta, ctx.sigmoid, ctx.art_lambda, mode, saved[1], g),
                     *none)
+        if ctx.kernel:
+            from diffrank.kernels.networks import network_backward
+
+            w, d = saved[2:]
+            return (network_backward(g, w, d, saved[1], net, ctx.beta, ctx.sigmoid, ctx.art_lambda, mode), *none)
         layers = net.layers
         L = len(layers)
         xd, ws, snaps = saved[2:L + 2], saved[L + 2:2 * L + 2], saved[2 * L + 2:]
@@ -385,7 +404,7 @@ def run_network(net: Network, x: Tensor, beta: float | Tensor, sigmoid: str, art
         return y0.expand(B, -1, -1).clone()
     if isinstance(beta, Tensor):  # a learnable β: plain autograd ops give ∂/∂β
         return reference_forward(net, x, beta, sigmoid, art_lambda, mode, y0)
-    return _Net.apply(x, net, beta, sigmoid, art_lambda, mode, y0)[0]
+    return _Net.apply(x, net, beta, sigmoid, art_lambda, mode, y0, False)[0]
 
 
 # error_free: off, Kim et al.'s per-swap straight-through (True = "swaps"), or one over the network's output
@@ -447,69 +466,6 @@ def reference_forward(net: Network, x: Tensor, beta: float, sigmoid: str, art_la
     return y
 
 
-class _NetKernel(torch.autograd.Function):
-    """The relaxed network through the fused kernels (:func:`diffrank.kernels.networks.network_forward` and
-    :func:`~diffrank.kernels.networks.network_backward`); one autograd node.
-
-    Its forward takes no ``ctx`` and returns the layer weights and differences (and the rows' ``y0``) as extra,
-    non-differentiable outputs, for ``torch.func``; ``vmap`` folds the mapped dimension into the batch. A backward
-    that is itself recorded (``create_graph=True``, ``torch.func``) is the exact, differentiable one of the
-    PyTorch path (:func:`differentiable_vjp`): second derivatives are exact. Forward mode (``torch.func.jacfwd`` /
-    ``hessian``) is the PyTorch path's JVP.
-    """
-
-    twice_differentiable = True  # read by diffrank.losses.newton
-
-    @staticmethod
-    def forward(x: Tensor, net, beta: float, sigmoid: str, art_lambda: float, mode: str,
-                y0: Tensor | None) -> tuple[Tensor, ...]:
-        from diffrank.kernels.networks import network_forward
-
-        return network_forward(x, net, beta, sigmoid, art_lambda, mode, y0)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
-        x, net, beta, sigmoid, art_lambda, mode, y0 = inputs
-        ctx.mark_non_differentiable(*output[1:])
-        ctx.set_materialize_grads(False)  # no zero gradients for the intermediates
-        ctx.save_for_backward(x, *output[1:], y0)
-        ctx.save_for_forward(x, y0)
-        ctx.net, ctx.beta, ctx.sigmoid, ctx.art_lambda, ctx.mode = net, float(beta), sigmoid, float(art_lambda), mode
-
-    @staticmethod
-    def vmap(info, in_dims, x, net, beta, sigmoid, art_lambda, mode, y0):
-        """Batch rule for ``torch.func.vmap``: the vmapped dimension folded into the batch of rows, one call."""
-        return fold_vmap(info, in_dims, _NetKernel.apply, (x, net, beta, sigmoid, art_lambda, mode, y0), rows=(0, 6))
-
-    @staticmethod
-    def jvp(ctx, x_t: Tensor | None, *_):
-        """Forward mode (``torch.func.jacfwd`` / ``hessian``): the plain-autograd network's JVP, in float32."""
-        x, y0 = ctx.saved_tensors[0], ctx.saved_tensors[-1]  # (x, y0): those saved for forward mode
-
-        def f(xr):
-            """The plain-autograd network on float32 scores ``xr`` (B, n), the function forward mode differentiates."""
-            return reference_forward(ctx.net, xr, ctx.beta, ctx.sigmoid, ctx.art_lambda, ctx.mode,
-                                     None if y0 is None else y0.to(torch.float32))
-
-        return torch.func.jvp(f, (x.to(torch.float32),), (x_t.to(torch.float32),))[1], None, None
-
-    @staticmethod
-    def backward(ctx, g: Tensor | None, *_):
-        none = (None,) * 6
-        if g is None:
-            return (None, *none)
-        x, w, d, y0 = ctx.saved_tensors
-        if torch.is_grad_enabled():  # the backward is recorded: the exact, differentiable one
-            gx = differentiable_vjp(ctx.net, x.to(torch.float32), ctx.beta, ctx.sigmoid, ctx.art_lambda, ctx.mode,
-                                    y0, g.to(torch.float32))
-            return (gx.to(x.dtype), *none)
-        from diffrank.kernels.networks import network_backward
-
-        gx = network_backward(g, w, d, y0, ctx.net, ctx.beta, ctx.sigmoid, ctx.art_lambda, ctx.mode)
-        return (gx.to(x.dtype), *none)
-
-
 def network_kernel(net: Network, x: Tensor, beta: float, sigmoid: str, art_lambda: float, mode: str = "values",
                    y0: Tensor | None = None) -> Tensor:
     """The relaxed network with the fused kernels of :mod:`diffrank.kernels.networks`: same contract as
@@ -542,7 +498,7 @@ def network_kernel(net: Network, x: Tensor, beta: float, sigmoid: str, art_lambd
         raise ValueError(f"mode must be 'values' or 'rows' (the latter with y0), got {mode!r}")
     if y0 is not None and (y0.dim() != 3 or y0.shape[0] not in (1, x.shape[0]) or y0.shape[2] != net.n):
         raise ValueError(f"y0 must be (1 or {x.shape[0]}, m, {net.n}), got {tuple(y0.shape)}")
-    return _NetKernel.apply(x, net, beta, sigmoid, art_lambda, mode, y0)[0]
+    return _Net.apply(x, net, float(beta), sigmoid, float(art_lambda), mode, y0, True)[0]
 
 
 NETWORKS = ("odd_even", "bitonic", "splitter_selection")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffrank.experiments.tools.batches import batch_size
+from diffrank.experiments.callbacks.batch_size import batch_size
 
 
 def test_batch_size_of_the_batches_we_produce():
