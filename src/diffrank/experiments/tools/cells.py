@@ -29,55 +29,15 @@ import itertools
 import os
 import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from diffrank.benchmark import positive_int  # the benchmarks' argparse type: an integer >= 1
-from diffrank.experiments.records.folder import FINAL, FolderState, folder_state, job_overrides
 from diffrank.experiments.run.resolvers import split_top_level
-from diffrank.experiments.tools.cells_queue import run_queue
+from diffrank.experiments.tools.cells_queue import Job, run_queue
 
 # the keys the runner sets for each job itself (why): never a --grid axis nor an override after --
 PER_JOB_KEYS = {"seed": "--seeds", "experiment": "the experiments named on the command line",
                 "hydra.run.dir": "the job's folder under --out", "ckpt_path": "the job folder's last checkpoint"}
-
-
-@dataclass
-class Job:
-    """One training run of the queue: its folder and its Hydra overrides."""
-
-    folder: Path
-    overrides: list[str]
-
-    @property
-    def state(self) -> FolderState:
-        """Live / done / resume / new, and the checkpoint to resume from (:func:`folder_state` of the folder with
-        this job's overrides)."""
-        return folder_state(self.folder, self.overrides)
-
-    def label(self) -> str:
-        """:attr:`state`'s action, or ``other`` for a folder holding a finished run of other overrides (not this
-        job's: never resumed nor overwritten)."""
-        state = self.state
-        if state.action in ("new", "resume") and state.record is not None and state.record.status in FINAL:
-            return "other"
-        return state.action
-
-    def other_run(self) -> str:
-        """What an ``other`` folder holds and what to do."""
-        record = self.state.record
-        theirs, ours = set(job_overrides(record.overrides if record else [])), set(job_overrides(self.overrides))
-        return (f"{self.folder} holds a finished run with other overrides (only there: "
-                f"{' '.join(sorted(theirs - ours)) or '-'}; only here: {' '.join(sorted(ours - theirs)) or '-'}): "
-                f"left alone; give these jobs another --out, or remove that folder to run them there")
-
-    def command(self) -> list[str]:
-        """The ``diffrank.experiments.run.train`` command line of this job (resuming from the folder's checkpoint
-        when it has one)."""
-        checkpoint = self.state.checkpoint
-        resume = [f"ckpt_path={checkpoint.resolve()}"] if checkpoint else []
-        return [sys.executable, "-m", "diffrank.experiments.run.train", *self.overrides,
-                f"hydra.run.dir={self.folder}", *resume]
 
 
 def _key(override: str) -> str:

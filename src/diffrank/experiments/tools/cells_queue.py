@@ -1,6 +1,6 @@
 """The queue of the cell launcher (:mod:`diffrank.experiments.tools.cells`): its jobs started as subprocesses,
 ``slots`` at a time, each one's output in ``<folder>/stdout.log``; SIGTERM / SIGINT passed on to them; the last
-error line of a failed job's log.
+error line of a failed job's log. A :class:`Job` is one training run: its folder and overrides.
 """
 
 from __future__ import annotations
@@ -9,12 +9,51 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from diffrank.experiments.tools.cells import Job
+from diffrank.experiments.records.folder import FINAL, FolderState, folder_state, job_overrides
+
+
+@dataclass
+class Job:
+    """One training run of the queue: its folder and its Hydra overrides."""
+
+    folder: Path
+    overrides: list[str]
+
+    @property
+    def state(self) -> FolderState:
+        """Live / done / resume / new, and the checkpoint to resume from (:func:`folder_state` of the folder with
+        this job's overrides)."""
+        return folder_state(self.folder, self.overrides)
+
+    def label(self) -> str:
+        """:attr:`state`'s action, or ``other`` for a folder holding a finished run of other overrides (not this
+        job's: never resumed nor overwritten)."""
+        state = self.state
+        if state.action in ("new", "resume") and state.record is not None and state.record.status in FINAL:
+            return "other"
+        return state.action
+
+    def other_run(self) -> str:
+        """What an ``other`` folder holds and what to do."""
+        record = self.state.record
+        theirs, ours = set(job_overrides(record.overrides if record else [])), set(job_overrides(self.overrides))
+        return (f"{self.folder} holds a finished run with other overrides (only there: "
+                f"{' '.join(sorted(theirs - ours)) or '-'}; only here: {' '.join(sorted(ours - theirs)) or '-'}): "
+                f"left alone; give these jobs another --out, or remove that folder to run them there")
+
+    def command(self) -> list[str]:
+        """The ``diffrank.experiments.run.train`` command line of this job (resuming from the folder's checkpoint
+        when it has one)."""
+        checkpoint = self.state.checkpoint
+        resume = [f"ckpt_path={checkpoint.resolve()}"] if checkpoint else []
+        return [sys.executable, "-m", "diffrank.experiments.run.train", *self.overrides,
+                f"hydra.run.dir={self.folder}", *resume]
 
 
 class _Stop(Exception):
