@@ -10,7 +10,13 @@ import pytest
 import torch
 from omegaconf import open_dict
 
-from diffrank.experiments.callbacks.run_identity import KEY, check_checkpoint, differences, read_checkpoint
+from diffrank.experiments.callbacks.run_identity import (
+    KEY,
+    check_checkpoint,
+    differences,
+    read_checkpoint,
+    resolved_config_hash,
+)
 from diffrank.experiments.records.folder import LAST_CHECKPOINT
 from diffrank.experiments.records.record import RECORD_FILE, RunRecord
 from diffrank.experiments.run.train import train
@@ -163,3 +169,12 @@ def test_unreadable_ckpt_path_says_so(tiny_run, tmp_path):
     torch.save([1, 2], tmp_path / "list.ckpt")
     with pytest.raises(ValueError, match="list.ckpt is not a Lightning checkpoint"):
         read_checkpoint(tmp_path / "list.ckpt")
+
+
+def test_the_config_hash_does_not_depend_on_the_run_folder(tiny_run, tmp_path):
+    """Two runs of one config in two folders (or a copy resumed elsewhere) share their hash; the checkpoint folder
+    and the trainer's root interpolate the run folder and once made every run's hash its own."""
+    a, b = tiny_run(tmp_path / "a"), tiny_run(tmp_path / "elsewhere" / "b")
+    assert a.callbacks.model_checkpoint.dirpath != b.callbacks.model_checkpoint.dirpath
+    assert resolved_config_hash(a) == resolved_config_hash(b)
+    assert resolved_config_hash(tiny_run(tmp_path / "a", ["seed=1"])) != resolved_config_hash(a)

@@ -30,8 +30,11 @@ LOADING_KEYS = frozenset({"data_dir", "root", "download", "num_workers", "pin_me
                           "device_resident", "eval_batch_size", "cache_dir"})
 # config keys that say where a run writes, how it logs or how it was started, not what it computes: left out of its
 # config hash (two runs differing only in these are the same config)
+# (the two folders that interpolate the run folder: with them every run, or a copy resumed elsewhere, had a hash
+# of its own)
 NOT_THE_CONFIG = frozenset({"paths", "hydra", "logger", "extras", "ckpt_path", "resume_with_changes", "skip_finished",
                             "tags", "task_name", "trainer.enable_progress_bar", "trainer.enable_model_summary",
+                            "trainer.default_root_dir", "callbacks.model_checkpoint.dirpath",
                             "callbacks.rich_progress_bar", *(f"data.{k}" for k in LOADING_KEYS)})
 # command-line overrides that do not make a run a variant of its experiment's row: where it runs and writes, its
 # seed, and what the report shows in a column of its own (budget, precision, data, β selection, Newton λ, device)
