@@ -39,10 +39,11 @@ Shapes: the dimension ``dim`` holds the n items; every other dimension is a batc
 from __future__ import annotations
 
 import itertools
+import math
 import numbers
 import operator
 import types
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -50,7 +51,8 @@ from torch import Tensor
 from diffrank.operators import load
 from diffrank.operators.base import RankingOperator, check_beta, data_checks_traced
 
-__all__ = ["permutation_matrix", "soft_median", "soft_quantile", "soft_rank", "soft_sort", "topk_membership"]
+__all__ = ["SoftTopkIndices", "permutation_matrix", "soft_argsort", "soft_median", "soft_quantile", "soft_rank",
+           "soft_sort", "soft_take_along_dim", "soft_topk_indices", "topk_membership"]
 
 
 _CACHE: dict[Any, str] = {}  # (method, options) -> the name of the built operator in _BUILT
@@ -184,7 +186,7 @@ def _hard_ranks(rows: Tensor, descending: bool) -> Tensor:
 
 
 def soft_sort(x: Tensor, *, method: str | RankingOperator, beta: float | Tensor | None = None, descending: bool = False,
-              dim: int = -1, hard: bool = False, **options: Any) -> Tensor:
+              dim: int = -1, hard: bool = False, key: Tensor | None = None, **options: Any) -> Tensor:
     """Soft-sorted values along ``dim``, ascending unless ``descending`` (like ``torch.sort(x, dim).values``).
 
     The operator's soft sort is descending (``P @ s`` for an operator with a relaxed permutation P: NeuralSort,
@@ -211,6 +213,12 @@ def soft_sort(x: Tensor, *, method: str | RankingOperator, beta: float | Tensor 
         dim: the dimension to sort along.
         hard: straight-through: the forward value is ``torch.sort(x, dim, descending).values`` exactly, the
             gradient that of the soft sort.
+        key: sort ``x`` by another tensor (torchsort's "sort by key", OTT's ``sort_with``): P is the relaxed
+            permutation of ``key`` (any method with ``"permutation"``) and the result ``P @ x`` along ``dim``, so
+            the softness of the key's order is carried to the values. ``key`` is a floating tensor whose shape is
+            the leading part of ``x``'s (``x`` may have trailing dims: ``key (B, n)``, ``x (B, n, d)`` sorts d-dim
+            items); ``dim`` indexes ``key``'s dims. Gradients reach both. With ``hard``, the forward value is
+            ``x`` gathered in ``torch.sort(key, dim, descending, stable=True)``'s order.
         **options: constructor arguments of the operator replacing its config's (e.g. ``sigmoid="cauchy"``).
 
     Returns:
@@ -221,10 +229,13 @@ def soft_sort(x: Tensor, *, method: str | RankingOperator, beta: float | Tensor 
             a non-integer ``dim``.
         ValueError: a 0-dim ``x``, n = 0, non-finite values, an unknown method name, an operator instance with
             ``beta`` / options, a bad β / option, or an operator without ``"soft_sort"`` (e.g. ``"soft_topk"``,
-            ``"difftopk_splitter"``; the operator's message lists what it provides).
+            ``"difftopk_splitter"``; the operator's message lists what it provides); with ``key``: a ``key``
+            whose shape is not the leading part of ``x``'s, or a method without ``"permutation"``.
         IndexError: ``dim`` out of range.
     """
     op = _operator(method, beta, options)
+    if key is not None:
+        return _sort_by_key(x, key, op, descending, dim, hard)
     rows, batch, dim = _rows(x, dim)
     desc = op.soft_sort(rows)
     out = desc if descending else desc.flip(-1)
@@ -401,6 +412,155 @@ def permutation_matrix(x: Tensor, *, method: str | RankingOperator, beta: float 
         hard_p = torch.zeros_like(p).scatter_(-1, order.unsqueeze(-1), 1.0)
         p = _straight_through(hard_p, p)
     return p.reshape(*batch, *p.shape[-2:])
+
+
+# -- soft indices: sort by key, argsort, top-k indices, take along dim -------------------------------------------
+
+def _rows_of_p(op: RankingOperator, rows: Tensor, k: int | None, descending: bool, hard: bool) -> Tensor:
+    """``(B, m, n)`` rows of P of ``rows`` ``(B, n)``: the top m = k (or n) ranks, in ascending order of the values
+    unless ``descending`` (the last m rows flipped), straight-through hard rows with ``hard``."""
+    n = rows.shape[-1]
+    m = n if k is None else k
+    p = op(rows, m if descending else None)
+    if not descending:
+        p = p.flip(-2)[:, :m]  # rank n first: the smallest value
+    if hard:
+        order = _hard_order(rows, descending)[:, :m]
+        p = _straight_through(torch.zeros_like(p).scatter_(-1, order.unsqueeze(-1), 1.0), p)
+    return p
+
+
+def _items_last(values: Tensor, lead: int, dim: int, n: int) -> tuple[Tensor, tuple[int, ...]]:
+    """``values`` whose first ``lead`` dims hold the batch and the n items at ``dim`` as ``(B, n, T)`` (T the
+    trailing dims flattened), and the trailing shape."""
+    moved = values.movedim(dim, lead - 1)
+    trail = tuple(moved.shape[lead:])
+    return moved.reshape(-1, n, max(1, math.prod(trail))), trail
+
+
+def _sort_by_key(x: Tensor, key: Tensor, op: RankingOperator, descending: bool, dim: int, hard: bool) -> Tensor:
+    """:func:`soft_sort` with ``key``: ``P(key) @ x`` along ``dim`` (shapes in its docstring)."""
+    if not isinstance(x, Tensor) or not isinstance(key, Tensor):
+        raise TypeError(f"x and key must be torch.Tensors, got {type(x).__name__} and {type(key).__name__}")
+    if tuple(x.shape[:key.dim()]) != tuple(key.shape):
+        raise ValueError(f"key's shape {tuple(key.shape)} must be the leading part of x's {tuple(x.shape)} (x may "
+                         "add trailing dims: key (B, n), x (B, n, d))")
+    rows, batch, dim = _rows(key, dim)
+    p = _rows_of_p(op, rows, None, descending, hard)
+    return soft_take_along_dim(x, p.reshape(*batch, *p.shape[-2:]), dim)
+
+
+def soft_argsort(x: Tensor, *, method: str | RankingOperator, beta: float | Tensor | None = None,
+                 descending: bool = False, dim: int = -1, hard: bool = False, **options: Any) -> Tensor:
+    """Soft ``torch.argsort``: at each sorted position the expected index of the item there, Σ_j P[r, j] · j
+    (P the method's relaxed permutation, rows = sorted positions; Grover et al. 2019, Eq. 5 for NeuralSort, and
+    the other methods of :func:`permutation_matrix`), ascending unless ``descending``.
+
+    Args:
+        x: floating tensor of any shape with at least one dimension (see :func:`soft_sort`).
+        method: an operator name or a built operator with ``"permutation"``.
+        beta: inverse temperature β > 0, default the config's.
+        descending: False: position 0 holds the smallest value (``torch.argsort``'s default); True: the largest.
+        dim: the dimension that holds the items.
+        hard: straight-through: the forward value is ``torch.argsort(x, dim, descending, stable=True)`` as floats,
+            the gradient that of the expected indices.
+        **options: constructor arguments of the operator.
+
+    Returns:
+        Same shape as ``x``, dtype of ``x``: indices in [0, n − 1] (real numbers; equal to ``torch.argsort``'s
+        where P is hard). Gather with :func:`soft_take_along_dim` and the rows of :func:`permutation_matrix`, not
+        with these real indices.
+
+    Raises:
+        As :func:`permutation_matrix`.
+    """
+    op = _operator(method, beta, options)
+    rows, batch, dim = _rows(x, dim)
+    p = _rows_of_p(op, rows, None, descending, hard)
+    index = torch.arange(rows.shape[-1], dtype=p.dtype, device=p.device)
+    return _restore(p @ index, batch, dim)
+
+
+class SoftTopkIndices(NamedTuple):
+    """What :func:`soft_topk_indices` returns: ``indices`` ``(*batch, k)`` (at ``dim``), the expected index at each
+    of the k top places, and ``one_hot`` ``(*batch, k, n)``, the relaxed one-hot rows (the top k rows of P)."""
+
+    indices: Tensor
+    one_hot: Tensor
+
+
+def soft_topk_indices(x: Tensor, k: int, *, method: str | RankingOperator, beta: float | Tensor | None = None,
+                      dim: int = -1, hard: bool = False, **options: Any) -> SoftTopkIndices:
+    """Soft ``torch.topk(x, k, dim).indices``: the top k rows of the relaxed permutation (relaxed one-hot vectors
+    of the items at places 1..k, largest first; Petersen et al. 2022, Eq. 3 for the networks' k rows) and the
+    expected index at each place.
+
+    Args:
+        x: floating tensor of any shape with at least one dimension (see :func:`soft_sort`).
+        k: the number of places, an int in [1, n].
+        method: an operator name or a built operator with ``"permutation"``.
+        beta: inverse temperature β > 0, default the config's.
+        dim: the dimension that holds the items.
+        hard: straight-through: the forward values are ``torch.topk(x, k, dim)``'s indices (ties as
+            ``torch.sort(stable=True)``: the smaller index first) and their one-hot rows, the gradient that of the
+            relaxed rows.
+        **options: constructor arguments of the operator.
+
+    Returns:
+        :class:`SoftTopkIndices` ``(indices, one_hot)``: ``indices`` has ``x``'s shape with k at ``dim``;
+        ``one_hot`` is ``(*batch, k, n)`` as :func:`permutation_matrix` (batch = the dims of ``x`` other than
+        ``dim``); dtype of ``x``. ``soft_take_along_dim(v, one_hot, dim)`` gathers values or embeddings.
+
+    Raises:
+        As :func:`permutation_matrix` (``k`` outside [1, n], a method without ``"permutation"``, …).
+    """
+    op = _operator(method, beta, options)
+    rows, batch, dim = _rows(x, dim)
+    p = _rows_of_p(op, rows, k, True, hard)
+    index = torch.arange(rows.shape[-1], dtype=p.dtype, device=p.device)
+    return SoftTopkIndices(_restore(p @ index, batch, dim), p.reshape(*batch, *p.shape[-2:]))
+
+
+def soft_take_along_dim(values: Tensor, one_hot: Tensor, dim: int = -1) -> Tensor:
+    """Soft ``torch.take_along_dim``: the rows of ``one_hot`` (relaxed one-hot vectors over the n items, e.g. from
+    :func:`soft_topk_indices` or :func:`permutation_matrix`) applied to the items of ``values`` along ``dim``.
+
+    Args:
+        values: tensor whose shape is ``(*batch, n)`` with the items at ``dim`` (``batch`` = the other dims, as
+            :func:`permutation_matrix` orders them), plus any trailing dims after the first ``len(batch) + 1``
+            (``(B, n, d)`` embeddings with ``dim=1``).
+        one_hot: ``(*batch, m, n)`` weights; each row picks (a mixture of) items.
+        dim: the dimension of ``values`` that holds the n items.
+
+    Returns:
+        ``values``'s shape with m instead of n at ``dim``; the dtype of ``values`` and ``one_hot`` promoted.
+        Differentiable with respect to both.
+
+    Raises:
+        TypeError: arguments that are not tensors. ValueError: shapes that do not match as above.
+        IndexError: ``dim`` out of range.
+    """
+    if not isinstance(values, Tensor) or not isinstance(one_hot, Tensor):
+        raise TypeError(f"values and one_hot must be torch.Tensors, got {type(values).__name__} and "
+                        f"{type(one_hot).__name__}")
+    lead = one_hot.dim() - 1  # batch dims + the items' dim
+    if lead < 1 or values.dim() < lead:
+        raise ValueError(f"one_hot must be (*batch, m, n) and values have at least its batch dims + 1, got "
+                         f"{tuple(one_hot.shape)} and {tuple(values.shape)}")
+    if not -lead <= dim < lead:
+        raise IndexError(f"dim = {dim} is out of range for the {lead} leading dims of values")
+    dim %= lead
+    n = one_hot.shape[-1]
+    batch = tuple(one_hot.shape[:-2])
+    moved = values.movedim(dim, lead - 1)
+    if tuple(moved.shape[:lead]) != (*batch, n):
+        raise ValueError(f"values (items at dim {dim}) {tuple(values.shape)} do not match one_hot "
+                         f"{tuple(one_hot.shape)}: expected batch {batch} and n = {n}")
+    v, trail = _items_last(values, lead, dim, n)
+    w = one_hot.reshape(-1, *one_hot.shape[-2:])
+    dtype = torch.promote_types(v.dtype, w.dtype)
+    out = (w.to(dtype) @ v.to(dtype)).reshape(*batch, one_hot.shape[-2], *trail)
+    return out.movedim(lead - 1, dim)
 
 
 def _check_q(q: float | Tensor, like: Tensor) -> tuple[Tensor, bool]:
