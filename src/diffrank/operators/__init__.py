@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from diffrank.operators.lapsum import LapSum
     from diffrank.operators.neuralsort import NeuralSort
     from diffrank.operators.neuralsort_stochastic import NeuralSortStochastic
+    from diffrank.operators.perturbed import Perturbed
     from diffrank.operators.relaxed_bubble_sort import RelaxedBubbleSort
     from diffrank.operators.sinkhorn import SinkhornSort
     from diffrank.operators.soft_topk import SoftTopK
@@ -46,6 +47,7 @@ __all__ = [
     "LapSum",
     "NeuralSort",
     "NeuralSortStochastic",
+    "Perturbed",
     "RankingOperator",
     "RelaxedBubbleSort",
     "SinkhornSort",
@@ -65,6 +67,7 @@ OPERATOR_MODULES = {
     "LapSum": "diffrank.operators.lapsum",
     "NeuralSort": "diffrank.operators.neuralsort",
     "NeuralSortStochastic": "diffrank.operators.neuralsort_stochastic",
+    "Perturbed": "diffrank.operators.perturbed",
     "RelaxedBubbleSort": "diffrank.operators.relaxed_bubble_sort",
     "SinkhornSort": "diffrank.operators.sinkhorn",
     "SoftSort": "diffrank.operators.softsort",

@@ -476,6 +476,9 @@ class RankingOperator(nn.Module):
         twice_differentiable: True if every capability passes ``gradgradcheck`` (exact second derivatives);
             False if some double backward raises :class:`DoubleBackwardError` (the message names the method and
             the alternative). Default True.
+        exact_gradient: True if the backward is the derivative of the forward (``gradcheck`` applies); False
+            for a Monte-Carlo estimate of the derivative of an expectation (the perturbed operator: each call is a
+            piecewise-constant function of its draws, and its own tests check the estimator). Default True.
         low_memory: True if the hook of every capability but the permutation forms no ``(B, m, n)`` buffer:
             O(n log n) time and O(n) memory per set (:mod:`diffrank.operators.memory` names these methods when it
             refuses a dense call). Default False.
@@ -502,6 +505,7 @@ class RankingOperator(nn.Module):
     sums_to_k: bool = True
     learnable_beta: bool = False
     twice_differentiable: bool = True
+    exact_gradient: bool = True
     low_memory: bool = False
     paper: str | Mapping[str, str] = ""
     parameter: str | Mapping[str, str] = ""
