@@ -1,5 +1,5 @@
-"""Losses built on the ranking operators (top-k cross-entropy, sorting, kNN, smooth top-k SVM, Newton, smoothing,
-ReSGRO) and their helpers; docs/api.md, "Losses", has the table with shapes and papers.
+"""Losses built on the ranking operators (top-k cross-entropy, sorting, learning to rank, kNN, smooth top-k SVM,
+Newton, smoothing, ReSGRO) and their helpers; docs/api.md, "Losses", has the table with shapes and papers.
 
 Every public class and function of the modules of this package is exported here, written out below (``from
 diffrank.losses import TopKCrossEntropyLoss``); ``tests/losses/test_exports.py`` keeps the list complete.
@@ -15,6 +15,15 @@ from diffrank.losses.newton import (
 )
 from diffrank.losses.newton_closed_forms import bce_derivatives, sigmoid_bce_derivatives, softmax_ce_derivatives
 from diffrank.losses.pk import PK
+from diffrank.losses.ranking import (
+    approx_ndcg_loss,
+    listmle_loss,
+    listnet_loss,
+    neural_ndcg_loss,
+    sigmoid_soft_rank,
+    sinkhorn_scaling,
+    soft_spearman_loss,
+)
 from diffrank.losses.resgro import (
     ResgroLoss,
     kendall_tau,
@@ -76,6 +85,7 @@ __all__ = [
     "SortingBCELoss",
     "TopKCrossEntropyLoss",
     "accepts_checks",
+    "approx_ndcg_loss",
     "bce_derivatives",
     "call_operator",
     "check_logits_labels",
@@ -84,9 +94,12 @@ __all__ = [
     "index_labels",
     "kendall_tau",
     "kendall_tau_objective",
+    "listmle_loss",
+    "listnet_loss",
     "log_elementary_symmetric",
     "logits_labels_checks",
     "m_subset",
+    "neural_ndcg_loss",
     "newton_step",
     "pairwise_euclidean",
     "path_hamming_objective",
@@ -98,8 +111,11 @@ __all__ = [
     "sample_noise",
     "score",
     "sigmoid_bce_derivatives",
+    "sigmoid_soft_rank",
+    "sinkhorn_scaling",
     "smooth_topk_svm",
     "smoothed_loss_derivatives",
+    "soft_spearman_loss",
     "softmax_ce_derivatives",
     "subset_win_probabilities",
     "true_order",
