@@ -48,8 +48,11 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from diffrank._padding import per_length, real_items
 from diffrank.operators import load
 from diffrank.operators.base import RankingOperator, check_beta, data_checks_traced
+from diffrank.operators.gumbel import GumbelSampling
+from diffrank.registry import load_yaml, locate
 
 __all__ = ["SoftTopkIndices", "permutation_matrix", "soft_argsort", "soft_median", "soft_quantile", "soft_rank",
            "soft_sort", "soft_take_along_dim", "soft_topk_indices", "topk_membership"]
@@ -66,7 +69,7 @@ def _operator(method: str | RankingOperator, beta: float | Tensor | None, option
 
     Raises:
         ValueError: an operator instance together with ``beta`` or options; ``samples`` other than 1 (option or
-            instance); an unknown name (from ``load``,
+            instance) for the Gumbel-sampling methods, which add a samples dimension; an unknown name (from ``load``,
             which lists the known ones); a bad β or option (from the operator's constructor), a β that requires
             grad for an operator that cannot learn it.
         TypeError: ``method`` neither a name nor a :class:`RankingOperator`.
@@ -76,13 +79,13 @@ def _operator(method: str | RankingOperator, beta: float | Tensor | None, option
         if given:
             raise ValueError(f"method is an operator instance ({type(method).__name__}); {', '.join(given)} "
                              "must not be given with it (set them when building the operator)")
-        if getattr(method, "samples", 1) != 1:
+        if isinstance(method, GumbelSampling) and method.samples != 1:
             raise ValueError(f"method has samples={method.samples}: the functional API returns x's shape, without "
                              "the leading samples dimension; call the operator itself")
         return method
     if not isinstance(method, str):
         raise TypeError(f"method must be an operator name (str) or a RankingOperator, got {type(method).__name__}")
-    if options.get("samples", 1) != 1:
+    if options.get("samples", 1) != 1 and issubclass(_target_class(method), GumbelSampling):
         raise ValueError(f"samples={options['samples']!r}: the functional API returns x's shape, without the leading "
                          "samples dimension of samples > 1; call the operator itself (diffrank.operators.load)")
     if isinstance(beta, Tensor) and beta.requires_grad and not beta.is_meta:
@@ -97,6 +100,14 @@ def _operator(method: str | RankingOperator, beta: float | Tensor | None, option
     except TypeError:  # an unhashable option value: build without caching
         return _build(method, options)
     return getattr(_BUILT, _cache_operator(key))
+
+
+def _target_class(method: str) -> type:
+    """The class the config ``method`` builds (``object`` for an unknown name: ``load`` names the error)."""
+    try:
+        return locate(load_yaml("operator", method)["_target_"])
+    except (ValueError, FileNotFoundError, KeyError):
+        return object
 
 
 def _build(method: str, options: dict[str, Any]) -> RankingOperator:
@@ -163,6 +174,17 @@ def _rows(x: Tensor, dim: int) -> tuple[Tensor, tuple[int, ...], int]:
     return moved.reshape(-1, n), tuple(moved.shape[:-1]), dim
 
 
+def _real(x: Tensor, rows: Tensor, batch: tuple[int, ...], dim: int, mask: Tensor | None,
+          lengths: Tensor | None) -> Tensor | None:
+    """The ``(B, n)`` real items of ``x`` from ``mask`` / ``lengths`` (:func:`diffrank._padding.real_items`)."""
+    def moved(m: Tensor) -> Tensor:
+        if tuple(m.shape) != tuple(x.shape):
+            raise ValueError(f"mask's shape must be x's {tuple(x.shape)}, got {tuple(m.shape)}")
+        return m.movedim(dim, -1).reshape(rows.shape)
+
+    return real_items(rows, mask, lengths, batch, moved)
+
+
 def _restore(out: Tensor, batch: tuple[int, ...], dim: int) -> Tensor:
     """``(B, n)`` back to x's shape: the batch dims, then the items moved back to ``dim``."""
     return out.reshape(*batch, out.shape[-1]).movedim(-1, dim)
@@ -186,7 +208,8 @@ def _hard_ranks(rows: Tensor, descending: bool) -> Tensor:
 
 
 def soft_sort(x: Tensor, *, method: str | RankingOperator, beta: float | Tensor | None = None, descending: bool = False,
-              dim: int = -1, hard: bool = False, key: Tensor | None = None, **options: Any) -> Tensor:
+              dim: int = -1, hard: bool = False, key: Tensor | None = None, mask: Tensor | None = None,
+              lengths: Tensor | None = None, **options: Any) -> Tensor:
     """Soft-sorted values along ``dim``, ascending unless ``descending`` (like ``torch.sort(x, dim).values``).
 
     The operator's soft sort is descending (``P @ s`` for an operator with a relaxed permutation P: NeuralSort,
@@ -219,6 +242,13 @@ def soft_sort(x: Tensor, *, method: str | RankingOperator, beta: float | Tensor 
             the leading part of ``x``'s (``x`` may have trailing dims: ``key (B, n)``, ``x (B, n, d)`` sorts d-dim
             items); ``dim`` indexes ``key``'s dims. Gradients reach both. With ``hard``, the forward value is
             ``x`` gathered in ``torch.sort(key, dim, descending, stable=True)``'s order.
+        mask: bool tensor of ``x``'s shape, True = a real item: each set is computed on its real items only, in their
+            order, exactly as the same set unpadded (values and gradients); padded items get no slot: the L sorted real
+            values fill the first L places along ``dim``, the rest is 0 with no gradient; a set without real items
+            zeros. One host read of the lengths, one operator call per distinct length. Default None: every item is
+            real.
+        lengths: integer tensor of the batch shape (``x``'s shape without ``dim``): right padding, the first
+            ``lengths`` items along ``dim`` are real (instead of ``mask``).
         **options: constructor arguments of the operator replacing its config's (e.g. ``sigmoid="cauchy"``).
 
     Returns:
@@ -235,8 +265,16 @@ def soft_sort(x: Tensor, *, method: str | RankingOperator, beta: float | Tensor 
     """
     op = _operator(method, beta, options)
     if key is not None:
+        if mask is not None or lengths is not None:
+            raise ValueError("soft_sort with key takes no mask / lengths (sort the padded lists by a key whose "
+                             "padded entries are the smallest, or gather their real items first)")
         return _sort_by_key(x, key, op, descending, dim, hard)
     rows, batch, dim = _rows(x, dim)
+    real = _real(x, rows, batch, dim, mask, lengths)
+    if real is not None:
+        out = per_length(rows, real, lambda c, _: soft_sort(c, method=op, descending=descending, hard=hard),
+                         "position", (rows.shape[-1],))
+        return _restore(out, batch, dim)
     desc = op.soft_sort(rows)
     out = desc if descending else desc.flip(-1)
     if hard:
@@ -245,7 +283,8 @@ def soft_sort(x: Tensor, *, method: str | RankingOperator, beta: float | Tensor 
 
 
 def soft_rank(x: Tensor, *, method: str | RankingOperator, beta: float | Tensor | None = None, descending: bool = False,
-              dim: int = -1, hard: bool = False, **options: Any) -> Tensor:
+              dim: int = -1, hard: bool = False, mask: Tensor | None = None, lengths: Tensor | None = None,
+              **options: Any) -> Tensor:
     """Soft ranks in [1, n] along ``dim``; ascending by default: the smallest value gets rank 1.
 
     Ascending ranks are what ``torch.argsort(x, dim).argsort(dim) + 1`` and ``torchsort.soft_rank`` give;
@@ -267,6 +306,12 @@ def soft_rank(x: Tensor, *, method: str | RankingOperator, beta: float | Tensor 
         hard: straight-through: the forward value is the exact ranks 1..n as floats, ties broken as
             ``torch.sort(x, dim, descending, stable=True)`` (the item with the smaller index gets the smaller
             rank), the gradient that of the soft ranks.
+        mask: bool tensor of ``x``'s shape, True = a real item: each set is computed on its real items only, in their
+            order, exactly as the same set unpadded (values and gradients); padded items get rank 0 (no rank; the real
+            items' ranks lie in [1, L]) and no gradient, a set without real items zeros. One host read of the lengths,
+            one operator call per distinct length. Default None: every item is real.
+        lengths: integer tensor of the batch shape (``x``'s shape without ``dim``): right padding, the first
+            ``lengths`` items along ``dim`` are real (instead of ``mask``).
         **options: constructor arguments of the operator (e.g. ``regularization="kl"``).
 
     Returns:
@@ -281,6 +326,11 @@ def soft_rank(x: Tensor, *, method: str | RankingOperator, beta: float | Tensor 
     """
     op = _operator(method, beta, options)
     rows, batch, dim = _rows(x, dim)
+    real = _real(x, rows, batch, dim, mask, lengths)
+    if real is not None:
+        out = per_length(rows, real, lambda c, _: soft_rank(c, method=op, descending=descending, hard=hard), "item",
+                         (rows.shape[-1],))
+        return _restore(out, batch, dim)
     desc = op.soft_rank(rows)
     out = desc if descending else (rows.shape[-1] + 1) - desc
     if hard:
@@ -319,7 +369,8 @@ def _topk_ks(k: int | float | Tensor, batch: tuple[int, ...]) -> Any:
 
 
 def topk_membership(x: Tensor, k: int | float | Tensor, *, method: str | RankingOperator,
-                    beta: float | Tensor | None = None, dim: int = -1, hard: bool = False, **options: Any) -> Tensor:
+                    beta: float | Tensor | None = None, dim: int = -1, hard: bool = False, mask: Tensor | None = None,
+                    lengths: Tensor | None = None, **options: Any) -> Tensor:
     """Probability that each item is among the k largest along ``dim``.
 
     For an operator with a relaxed permutation P (rows = ranks, rank 1 = largest) this is the inner sum of
@@ -339,6 +390,13 @@ def topk_membership(x: Tensor, k: int | float | Tensor, *, method: str | Ranking
         hard: straight-through: the forward value is the exact 0/1 indicator of the k largest (ties broken as
             ``torch.sort(x, dim, descending=True, stable=True)``: the smaller index wins), the gradient that of
             the soft memberships. Needs a whole-number k.
+        mask: bool tensor of ``x``'s shape, True = a real item: each set is computed on its real items only, in their
+            order, exactly as the same set unpadded (values and gradients); padded items get membership 0 and no
+            gradient, a set without real items zeros. One host read of the lengths, one operator call per distinct
+            length. Default None: every item is real.
+        lengths: integer tensor of the batch shape (``x``'s shape without ``dim``): right padding, the first
+            ``lengths`` items along ``dim`` are real (instead of ``mask``).
+            A set with L < k real items uses k = L (all its items are in its top k).
         **options: constructor arguments of the operator.
 
     Returns:
@@ -357,6 +415,15 @@ def topk_membership(x: Tensor, k: int | float | Tensor, *, method: str | Ranking
     """
     op = _operator(method, beta, options)
     rows, batch, dim = _rows(x, dim)
+    real = _real(x, rows, batch, dim, mask, lengths)
+    if real is not None:
+        def member(c: Tensor, idx: Tensor) -> Tensor:
+            """The memberships of the sets ``idx`` ``(b, L)``, k capped at L."""
+            kk = k.reshape(-1).to(idx.device)[idx] if isinstance(k, Tensor) and k.dim() > 0 else k
+            kk = kk.clamp(max=c.shape[-1]) if isinstance(kk, Tensor) else min(kk, c.shape[-1])
+            return topk_membership(c, kk, method=op, hard=hard)
+
+        return _restore(per_length(rows, real, member, "item", (rows.shape[-1],)), batch, dim)
     out = op.topk_membership(rows, _topk_ks(k, batch))[:, 0]
     if hard:
         if not _is_integral(k):
@@ -369,7 +436,8 @@ def topk_membership(x: Tensor, k: int | float | Tensor, *, method: str | Ranking
 
 
 def permutation_matrix(x: Tensor, *, method: str | RankingOperator, beta: float | Tensor | None = None,
-                       k: int | None = None, dim: int = -1, hard: bool = False, **options: Any) -> Tensor:
+                       k: int | None = None, dim: int = -1, hard: bool = False, mask: Tensor | None = None,
+                       lengths: Tensor | None = None, **options: Any) -> Tensor:
     """Relaxed permutation matrix P in the project's convention: rows = ranks (row 0 = rank 1 = the largest),
     columns = items along ``dim``.
 
@@ -389,6 +457,12 @@ def permutation_matrix(x: Tensor, *, method: str | RankingOperator, beta: float 
         hard: straight-through: the forward value is the exact 0/1 permutation (``P[r, j] = 1`` iff item j is
             at position r of ``torch.sort(x, dim, descending=True, stable=True)``: ties by index), the gradient
             that of the relaxed P.
+        mask: bool tensor of ``x``'s shape, True = a real item: each set is computed on its real items only, in their
+            order, exactly as the same set unpadded (values and gradients); padded items get zero columns, and the rows
+            of ranks past L are zero and no gradient, a set without real items zeros. One host read of the lengths, one
+            operator call per distinct length. Default None: every item is real.
+        lengths: integer tensor of the batch shape (``x``'s shape without ``dim``): right padding, the first
+            ``lengths`` items along ``dim`` are real (instead of ``mask``).
         **options: constructor arguments of the operator.
 
     Returns:
@@ -405,6 +479,13 @@ def permutation_matrix(x: Tensor, *, method: str | RankingOperator, beta: float 
     """
     op = _operator(method, beta, options)
     rows, batch, dim = _rows(x, dim)
+    real = _real(x, rows, batch, dim, mask, lengths)
+    if real is not None:
+        n = rows.shape[-1]
+        p = per_length(rows, real, lambda c, _: permutation_matrix(
+            c, method=op, k=None if k is None else min(k, c.shape[-1]), hard=hard), "matrix",
+            (n if k is None else k, n))
+        return p.reshape(*batch, *p.shape[-2:])
     p = op(rows, k)
     if hard:
         m = p.shape[-2]
@@ -451,7 +532,8 @@ def _sort_by_key(x: Tensor, key: Tensor, op: RankingOperator, descending: bool, 
 
 
 def soft_argsort(x: Tensor, *, method: str | RankingOperator, beta: float | Tensor | None = None,
-                 descending: bool = False, dim: int = -1, hard: bool = False, **options: Any) -> Tensor:
+                 descending: bool = False, dim: int = -1, hard: bool = False, mask: Tensor | None = None,
+                 lengths: Tensor | None = None, **options: Any) -> Tensor:
     """Soft ``torch.argsort``: at each sorted position the expected index of the item there, Σ_j P[r, j] · j
     (P the method's relaxed permutation, rows = sorted positions; Grover et al. 2019, Eq. 5 for NeuralSort, and
     the other methods of :func:`permutation_matrix`), ascending unless ``descending``.
@@ -464,6 +546,9 @@ def soft_argsort(x: Tensor, *, method: str | RankingOperator, beta: float | Tens
         dim: the dimension that holds the items.
         hard: straight-through: the forward value is ``torch.argsort(x, dim, descending, stable=True)`` as floats,
             the gradient that of the expected indices.
+        mask, lengths: the real items of variable-length sets, as :func:`soft_rank` takes them; the rows of P are
+            those of each set's real items (columns of padded items 0), and a sorted place past a set's L real
+            items gets the index −1 (no item) with no gradient.
         **options: constructor arguments of the operator.
 
     Returns:
@@ -476,9 +561,22 @@ def soft_argsort(x: Tensor, *, method: str | RankingOperator, beta: float | Tens
     """
     op = _operator(method, beta, options)
     rows, batch, dim = _rows(x, dim)
-    p = _rows_of_p(op, rows, None, descending, hard)
-    index = torch.arange(rows.shape[-1], dtype=p.dtype, device=p.device)
-    return _restore(p @ index, batch, dim)
+    real = _real(x, rows, batch, dim, mask, lengths)
+    if real is None:
+        p = _rows_of_p(op, rows, None, descending, hard)
+    else:
+        p = per_length(rows, real, lambda c, _: _rows_of_p(op, c, None, descending, hard), "matrix",
+                       rows.shape[-1:] * 2)
+    return _restore(_expected_index(p, real), batch, dim)
+
+
+def _expected_index(p: Tensor, real: Tensor | None) -> Tensor:
+    """Σ_j P[r, j] · j ``(B, m)`` of rows of P ``(B, m, n)``; −1 at the places past a set's real items."""
+    index = p @ torch.arange(p.shape[-1], dtype=p.dtype, device=p.device)
+    if real is None:
+        return index
+    places = torch.arange(p.shape[-2], device=p.device) < real.sum(-1, keepdim=True)
+    return torch.where(places, index, torch.full_like(index, -1.0))
 
 
 class SoftTopkIndices(NamedTuple):
@@ -490,7 +588,8 @@ class SoftTopkIndices(NamedTuple):
 
 
 def soft_topk_indices(x: Tensor, k: int, *, method: str | RankingOperator, beta: float | Tensor | None = None,
-                      dim: int = -1, hard: bool = False, **options: Any) -> SoftTopkIndices:
+                      dim: int = -1, hard: bool = False, mask: Tensor | None = None, lengths: Tensor | None = None,
+                      **options: Any) -> SoftTopkIndices:
     """Soft ``torch.topk(x, k, dim).indices``: the top k rows of the relaxed permutation (relaxed one-hot vectors
     of the items at places 1..k, largest first; Petersen et al. 2022, Eq. 3 for the networks' k rows) and the
     expected index at each place.
@@ -504,6 +603,9 @@ def soft_topk_indices(x: Tensor, k: int, *, method: str | RankingOperator, beta:
         hard: straight-through: the forward values are ``torch.topk(x, k, dim)``'s indices (ties as
             ``torch.sort(stable=True)``: the smaller index first) and their one-hot rows, the gradient that of the
             relaxed rows.
+        mask, lengths: the real items of variable-length sets, as :func:`soft_rank` takes them; the rows of P are
+            those of each set's real items (columns of padded items 0), and a top place past a set's L real
+            items gets the index −1 (no item) with no gradient.
         **options: constructor arguments of the operator.
 
     Returns:
@@ -516,9 +618,13 @@ def soft_topk_indices(x: Tensor, k: int, *, method: str | RankingOperator, beta:
     """
     op = _operator(method, beta, options)
     rows, batch, dim = _rows(x, dim)
-    p = _rows_of_p(op, rows, k, True, hard)
-    index = torch.arange(rows.shape[-1], dtype=p.dtype, device=p.device)
-    return SoftTopkIndices(_restore(p @ index, batch, dim), p.reshape(*batch, *p.shape[-2:]))
+    real = _real(x, rows, batch, dim, mask, lengths)
+    if real is None:
+        p = _rows_of_p(op, rows, k, True, hard)
+    else:
+        p = per_length(rows, real, lambda c, _: _rows_of_p(op, c, min(k, c.shape[-1]), True, hard), "matrix",
+                       (k, rows.shape[-1]))
+    return SoftTopkIndices(_restore(_expected_index(p, real), batch, dim), p.reshape(*batch, *p.shape[-2:]))
 
 
 def soft_take_along_dim(values: Tensor, one_hot: Tensor, dim: int = -1) -> Tensor:
@@ -592,7 +698,8 @@ def _check_q(q: float | Tensor, like: Tensor) -> tuple[Tensor, bool]:
 
 
 def soft_quantile(x: Tensor, q: float | Tensor, *, method: str | RankingOperator, beta: float | Tensor | None = None,
-                  dim: int = -1, keepdim: bool = False, hard: bool = False, **options: Any) -> Tensor:
+                  dim: int = -1, keepdim: bool = False, hard: bool = False, mask: Tensor | None = None,
+                  lengths: Tensor | None = None, **options: Any) -> Tensor:
     """Soft q-quantiles along ``dim``, interpolated as ``torch.quantile(x, q, dim, keepdim)`` (``"linear"``) does,
     on the method's soft-sorted values.
 
@@ -614,6 +721,8 @@ def soft_quantile(x: Tensor, q: float | Tensor, *, method: str | RankingOperator
         dim: the dimension that holds the items.
         keepdim: keep ``dim`` with size 1, as ``torch.quantile``.
         hard: straight-through: the forward values are ``torch.quantile``'s.
+        mask, lengths: the real items of variable-length sets, as :func:`soft_rank` takes them: each set's quantile
+            is that of its L real items (h = q · (L − 1)); a set without real items gets 0.
         **options: constructor arguments of the operator.
 
     Returns:
@@ -631,29 +740,41 @@ def soft_quantile(x: Tensor, q: float | Tensor, *, method: str | RankingOperator
     if not isinstance(x, Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     levels, scalar = _check_q(q, x)
-    v = soft_sort(x, method=method, beta=beta, dim=dim, hard=hard, **options)
-    dim = dim % x.dim()
-    v = v.movedim(dim, -1)  # (..., n), ascending
-    n = v.shape[-1]
-    # clamped to [0, n - 1]: a level outside [0, 1] that the range check could not read (vmap, torch.compile) gives
-    # the minimum or maximum, never a value extrapolated past them; a NaN level stays NaN (the weight below)
-    h = (levels * (n - 1)).clamp(0, n - 1)
-    lo = h.detach().nan_to_num(0.0).floor().long()
-    hi = (lo + 1).clamp(max=n - 1)
-    out = torch.lerp(v[..., lo], v[..., hi], (h - lo.to(h.dtype)).expand(*v.shape[:-1], -1))  # (..., m)
+    op = _operator(method, beta, options)
+    rows, batch, dim = _rows(x, dim)
+    real = _real(x, rows, batch, dim, mask, lengths)
+    if real is None:
+        out = _quantiles(soft_sort(rows, method=op, hard=hard), levels)
+    else:
+        out = per_length(rows, real, lambda c, _: _quantiles(soft_sort(c, method=op, hard=hard), levels),
+                         "position", (levels.shape[0],))
+    out = out.reshape(*batch, levels.shape[0])
     if keepdim:
         out = out.unsqueeze(dim)  # the items' dimension back as size 1, the levels last
     out = out.movedim(-1, 0)  # (m, ...), torch.quantile's layout
     return out[0] if scalar else out
 
 
+def _quantiles(v: Tensor, levels: Tensor) -> Tensor:
+    """``torch.quantile``'s linear interpolation ``(B, m)`` of ascending values ``v`` ``(B, n)`` at ``levels``
+    ``(m,)`` (Hyndman & Fan 1996, definition 7)."""
+    n = v.shape[-1]
+    # clamped to [0, n - 1]: a level outside [0, 1] that the range check could not read (vmap, torch.compile) gives
+    # the minimum or maximum, never a value extrapolated past them; a NaN level stays NaN (the weight below)
+    h = (levels * (n - 1)).clamp(0, n - 1)
+    lo = h.detach().nan_to_num(0.0).floor().long()
+    hi = (lo + 1).clamp(max=n - 1)
+    return torch.lerp(v[..., lo], v[..., hi], (h - lo.to(h.dtype)).expand(*v.shape[:-1], -1))
+
+
 def soft_median(x: Tensor, *, method: str | RankingOperator, beta: float | Tensor | None = None, dim: int = -1,
-                keepdim: bool = False, hard: bool = False, **options: Any) -> Tensor:
+                keepdim: bool = False, hard: bool = False, mask: Tensor | None = None, lengths: Tensor | None = None,
+                **options: Any) -> Tensor:
     """Soft median along ``dim``: :func:`soft_quantile` at q = 0.5, i.e. ``torch.quantile(x, 0.5, dim, keepdim)`` in
     the hard limit, the mean of the two middle values for an even n (``torch.median`` returns the lower one).
 
     Args:
-        x, method, beta, dim, keepdim, hard, **options: as :func:`soft_quantile`.
+        x, method, beta, dim, keepdim, hard, mask, lengths, **options: as :func:`soft_quantile`.
 
     Returns:
         ``x``'s shape without ``dim`` (size 1 there if ``keepdim``), dtype of ``x``.
@@ -661,4 +782,5 @@ def soft_median(x: Tensor, *, method: str | RankingOperator, beta: float | Tenso
     Raises:
         As :func:`soft_quantile`.
     """
-    return soft_quantile(x, 0.5, method=method, beta=beta, dim=dim, keepdim=keepdim, hard=hard, **options)
+    return soft_quantile(x, 0.5, method=method, beta=beta, dim=dim, keepdim=keepdim, hard=hard, mask=mask,
+                         lengths=lengths, **options)

@@ -26,8 +26,9 @@ operators' P @ s; its gradient is P̄ᵀ g plus the estimator term).
 
 Noise: ``samples`` draws per set. In ``train()`` mode fresh noise every call (torch's global generator, so
 ``torch.manual_seed`` / ``lightning.seed_everything`` make a run reproducible); in ``eval()`` mode, and whenever
-``seed`` is set, the same draws every call (a generator seeded with ``seed``, 0 in ``eval()``): evaluation and the
-functional API (whose operators are in ``eval()`` mode) are then deterministic functions of the scores. The
+``seed`` is set, the same draws every call (a generator seeded with ``seed``, 0 in ``eval()``), shared by the sets
+of a batch: evaluation and the functional API (whose operators are in ``eval()`` mode) are then deterministic
+functions of each set alone, whatever batch or padding it comes with. The
 gradient is an estimate: ``gradcheck`` against finite differences does not apply (the forward of one draw set is
 piecewise constant); second derivatives raise :class:`~diffrank.operators.base.DoubleBackwardError`.
 """
@@ -127,6 +128,9 @@ class Perturbed(RankingOperator):
         generator = None
         if self.seed is not None or not self.training:
             generator = torch.Generator(device=scores.device).manual_seed(0 if self.seed is None else self.seed)
+            # fixed draws are shared by the sets of a batch: a set's result then depends on that set alone (not on
+            # the batch it came in, nor on padding: diffrank.functional's mask)
+            shape = (self.samples, 1, scores.shape[-1])
         # drawn in float32 whatever the scores' dtype: the same seed gives the same draws in float32 and float64
         # (half precision is computed in float32), so the dtypes differ only by the rounding of θ + εZ
         like = torch.empty((), dtype=torch.float32, device=scores.device)
@@ -135,6 +139,7 @@ class Perturbed(RankingOperator):
         z = constant(lambda: torch.randn(shape, dtype=torch.float32, device=scores.device, generator=generator)
                      if self.noise == "normal" else gumbel(shape, like, generator)).to(scores.dtype)
         # row 0: the unperturbed scores, whose output is the control variate
+        z = z.expand(self.samples, *scores.shape)
         return torch.cat([scores.detach().unsqueeze(0), scores.detach().unsqueeze(0) + z / self.beta]), \
             noise_gradient(z, self.noise)
 
