@@ -45,7 +45,8 @@ def run(args) -> list[tuple[str, list[dict]]]:
                 m_ref = measure(fwd_bwd(ref_fn, x), dev, repeats=1 if n >= 1000 else 3,
                                 max_seconds=args.max_seconds)
             rows.append(compare_row(name, {"n": n, "k": k}, m_ours, m_ref, f"difftopk.{name.title()}"))
-    # unrolled autodiff keeps ~6 (B, n, n) tensors per iteration: n = 1000 would need ~80 GB
+    # the backward recomputes the iterations (diffrank.operators.log_sinkhorn): a few (B, n, n) buffers whatever
+    # their count (autograd through the unrolled loop kept ~4 per iteration); the first size only, for time
     sink = load("sinkhorn", beta=100.0).to(dev)
     for n in sizes[:1]:
         x = torch.randn(B, n, device=dev)

@@ -30,9 +30,20 @@ included). Under ``torch.func.vmap`` the read covers every vmapped row too
 (:func:`~diffrank.operators.base.host_max`), so a vmapped call stops where the eager call on the stacked batch
 stops. ``torch.compile`` cannot trace the read: with a tolerance the loop runs eagerly inside a compiled
 function (one graph break, no ``fullgraph=True``); with ``tolerance = None`` the loop has a fixed length and
-compiles as one graph. The iterations are plain tensor
-operations, so autograd differentiates through them (Cuturi et al. 2019, §3), twice as well (exact second
-derivatives), unless the caller runs them under its own backward (SOFT top-k).
+compiles as one graph.
+
+**Gradient and memory.** The gradient is that of the iterations that ran (autograd through the unrolled loop,
+Cuturi et al. 2019, §3), whether or not they converged, twice differentiable (exact second derivatives). Autograd
+through the loop itself would keep about four ``(R, n, m)`` tensors per iteration (6 GiB for SinkhornSort at
+n = 500, B = 16, 200 iterations; out of 80 GB at n = 1000, B = 1024). In eager autograd the loop therefore runs in
+:class:`_RecomputedSinkhorn`, which saves the inputs and a snapshot of g every ⌈√max_iter⌉ iterations, and whose
+backward recomputes the iterations one segment at a time and sweeps back through them: a few ``(R, n, m)``
+buffers at its peak whatever the iteration count, for about three forward passes of time (exact recomputation,
+not the implicit derivative of the fixed point, which would differ from the values' own derivative wherever the
+loop stopped short of it). Under ``torch.func`` transforms (``vmap``, ``grad``, ``jacrev``, ``jvp``), forward-mode
+AD and ``torch.compile`` tracing the loop runs as plain operations, differentiated (and its memory held) by
+them. A caller that runs the loop under its own backward (SOFT top-k: implicit differentiation of the plan) runs it
+without grad: nothing is saved.
 
 **Fused kernel.** With ``kernel=True`` (SinkhornSort with ``backend`` ``"triton"``, or ``"auto"`` on CUDA)
 the iterations run in the Triton kernel of ``diffrank/kernels/sinkhorn.py``: one program per batch row keeps its cost
@@ -47,6 +58,7 @@ path's. It is differentiable once: a double backward raises
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from dataclasses import dataclass
@@ -54,6 +66,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 from torch._C import _functorch
+from torch.autograd import forward_ad
 
 from diffrank.operators.base import check_int, fold_vmapped, host_max, refuse_double_backward
 
@@ -142,13 +155,19 @@ def log_sinkhorn(cost: Tensor, log_mu: Tensor, log_nu: Tensor, epsilon: float | 
             ``None`` for each row's largest entry (one host read).
         kernel: run the iterations in the fused Triton kernel (``src/diffrank/kernels/sinkhorn.py``; CUDA, or the CPU
             under ``TRITON_INTERPRET=1``) when ``n, m <= 64`` (float32; 32 for float64:
-            :func:`diffrank.kernels.sinkhorn.fused_size`), else (and by default) as PyTorch operations.
-            Same result and gradient (see the module docstring).
+            :func:`diffrank.kernels.sinkhorn.fused_size`), else (and by default) as PyTorch operations, whose
+            backward in eager autograd holds a constant number of ``(R, n, m)`` buffers whatever the iterations
+            (module docstring, "Gradient and memory"). Same result and gradient.
 
     Returns:
         ``(log Γ (R, n, m), iterations used, last measured item-marginal error)``; the error is ``nan``
         when ``schedule.tolerance`` is None. log Γ is formed with the last ε used (ε itself unless
-        ``max_iter`` ran out during the scaling).
+        ``max_iter`` ran out during the scaling). Differentiable in ``cost``, ``log_mu``, ``log_nu`` and a tensor
+        ``epsilon`` (the gradient of the iterations that ran; a tensor ε left unused by a loop that stopped inside
+        the scaling gets gradient 0 in eager autograd).
+
+    Raises:
+        Nothing of its own: the callers validate their inputs (and warn when the error is above the tolerance).
     """
     if kernel and not isinstance(epsilon, Tensor):
         from diffrank.kernels.sinkhorn import fused_size
@@ -158,26 +177,66 @@ def log_sinkhorn(cost: Tensor, log_mu: Tensor, log_nu: Tensor, epsilon: float | 
     if schedule.tolerance is not None and torch.compiler.is_compiling():
         # a loop that stops on a read of the marginal error runs eagerly, as one graph break: traced, every check
         # would break the graph and each resumed piece recompile for the next iteration count
-        return _loop_eagerly(cost, log_mu, log_nu, epsilon, schedule, cost_scale)
+        return _solve_eagerly(cost, log_mu, log_nu, epsilon, schedule, cost_scale)
+    return _solve(cost, log_mu, log_nu, epsilon, schedule, cost_scale)
+
+
+def _solve(cost: Tensor, log_mu: Tensor, log_nu: Tensor, epsilon: float | Tensor, schedule: SinkhornSchedule,
+           cost_scale: float | None) -> tuple[Tensor, int, float]:
+    """The PyTorch path of :func:`log_sinkhorn`: through :class:`_RecomputedSinkhorn` when plain eager autograd
+    will differentiate it (its backward holds a constant number of ``(R, n, m)`` buffers), else the loop itself
+    (no graph to record; or a ``torch.func`` transform, forward-mode AD or ``torch.compile`` tracing, which
+    differentiate the iterations themselves)."""
+    if _recomputes(cost, log_mu, log_nu, epsilon):
+        record = _Record(_stride(schedule.max_iter))
+        log_t = _RecomputedSinkhorn.apply(cost, log_mu, log_nu, epsilon, schedule, cost_scale, record)
+        return log_t, record.iterations, record.error
     return _loop(cost, log_mu, log_nu, epsilon, schedule, cost_scale)
 
 
+def _recomputes(*inputs: Tensor | float) -> bool:
+    """Whether :func:`_solve` runs :class:`_RecomputedSinkhorn`: eager autograd will differentiate the result
+    (grad mode on, an input requires grad) and nothing else has to see the iterations (no ``torch.func``
+    transform, no forward-mode dual level, no ``torch.compile`` tracing)."""
+    return (torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in inputs)
+            and not torch.compiler.is_compiling() and _functorch.peek_interpreter_stack() is None
+            and forward_ad._current_level < 0)
+
+
+def _stride(max_iter: int) -> int:
+    """Iterations between two snapshots of the potentials: ⌈√max_iter⌉, so that the snapshots and the one
+    segment the backward recomputes at a time hold at most 2⌈√max_iter⌉ vectors of m numbers per row."""
+    return math.isqrt(max_iter - 1) + 1
+
+
+def _update(cost: Tensor, log_mu: Tensor, log_nu: Tensor, g: Tensor, eps: Tensor | float) -> tuple[Tensor, Tensor]:
+    """One iteration (the item-side update, then the target-side one) of the module docstring on ``(R, n, 1)`` /
+    ``(R, 1, m)`` log masses and potentials: ``(f, g)``. The forward and the backward's recomputation share it, so
+    that the recomputed potentials are the forward's, digit for digit."""
+    f = eps * log_mu - eps * torch.logsumexp((g - cost) / eps, dim=2, keepdim=True)
+    return f, eps * log_nu - eps * torch.logsumexp((f - cost) / eps, dim=1, keepdim=True)
+
+
 def _loop(cost: Tensor, log_mu: Tensor, log_nu: Tensor, epsilon: float | Tensor, schedule: SinkhornSchedule,
-          cost_scale: float | None) -> tuple[Tensor, int, float]:
-    """The PyTorch iterations of :func:`log_sinkhorn`."""
+          cost_scale: float | None, record: _Record | None = None) -> tuple[Tensor, int, float]:
+    """The PyTorch iterations of :func:`log_sinkhorn`; ``record`` (if given) receives the ε schedule and a snapshot
+    of g every ``record.stride`` iterations, for :class:`_RecomputedSinkhorn`'s backward."""
     R, n, m = cost.shape
     log_mu, log_nu = log_mu.unsqueeze(-1), log_nu.unsqueeze(-2)  # (R, n, 1), (R, 1, m)
     f = cost.new_zeros(R, n, 1)
     g = cost.new_zeros(R, 1, m)
     value = float(epsilon.detach()) if isinstance(epsilon, Tensor) else epsilon
     start, scaling = _epsilon_schedule(cost, value, schedule, cost_scale)
+    if record is not None:
+        record.start, record.scaling = start, scaling
     it, err = 0, float("nan")
     eps: Tensor | float = epsilon
     while it < schedule.max_iter:
+        if record is not None and it % record.stride == 0:
+            record.snapshots.append(g)  # g after `it` iterations (a new tensor each iteration: no copy)
         # at ε itself the (possibly learnable) tensor: the scaling iterations' ε does not depend on it
         eps = epsilon if it >= scaling else _epsilon_at(it, start, scaling, value, schedule)
-        f = eps * log_mu - eps * torch.logsumexp((g - cost) / eps, dim=2, keepdim=True)
-        g = eps * log_nu - eps * torch.logsumexp((f - cost) / eps, dim=1, keepdim=True)
+        f, g = _update(cost, log_mu, log_nu, g, eps)
         it += 1
         if not _is_check(it, scaling, schedule):
             continue
@@ -190,8 +249,177 @@ def _loop(cost: Tensor, log_mu: Tensor, log_nu: Tensor, epsilon: float | Tensor,
 
 
 # torch's lazy form of torch.compiler.disable: dynamo (which loads Triton) is imported at the first call, under
-# torch.compile, never by an eager user
-_loop_eagerly = torch._disable_dynamo(_loop)
+# torch.compile, never by an eager user. The loop runs eagerly there, so it takes the memory-light backward too.
+_solve_eagerly = torch._disable_dynamo(_solve)
+
+
+class _Record:
+    """What :func:`_loop` reports to :class:`_RecomputedSinkhorn`: the snapshot stride (set by the caller), then the
+    ε schedule (ε_0, scaling length), the snapshots of g, the iterations and the error. A plain object, not a pytree."""
+
+    __slots__ = ("stride", "snapshots", "start", "scaling", "iterations", "error")
+
+    def __init__(self, stride: int) -> None:
+        self.stride, self.snapshots = stride, []
+
+
+class _RecomputedSinkhorn(torch.autograd.Function):
+    """log Γ by the PyTorch iterations of :func:`log_sinkhorn` (same schedule, stopping rule and result), with a
+    backward whose memory does not grow with the iterations: exact recomputation, the gradient of the iterations
+    that ran (what autograd through the unrolled loop gives, to rounding; at convergence or not), not the implicit
+    derivative of the fixed point, so a forward stopped early keeps a gradient consistent with its values.
+
+    Saved: the inputs (the cost C, log μ, log ν, a tensor ε), ε_0 of the schedule, and g after every s = ⌈√max_iter⌉
+    iterations: O(√max_iter · m) numbers per row, no ``(R, n, m)`` tensor but C. The backward walks the segments
+    between two snapshots from the last: it recomputes the segment's g (s vectors), then takes the reverse sweep
+    through it (:func:`_reverse_step`), so its peak is a few ``(R, n, m)`` buffers (C, ∂C and the step's two
+    softmaxes) for any iteration count, and it costs about three forward passes. Unrolled autograd instead keeps
+    about four ``(R, n, m)`` tensors per iteration (out of memory at n = 1000, B = 1024, a few hundred iterations).
+
+    Second derivatives are exact: a backward that is itself recorded (``create_graph=True``) recomputes the same
+    iterations (``max_iter`` = the iterations used, no check) in autograd operations and differentiates them
+    (``torch.func.vjp``), holding the unrolled graph for that call. ``torch.func`` transforms, forward-mode AD and
+    ``torch.compile`` tracing never reach this Function: :func:`_solve` runs the plain loop for them.
+    """
+
+    twice_differentiable = True  # the recorded backward is exact (above); read by diffrank.losses.newton
+
+    @staticmethod
+    def forward(cost, log_mu, log_nu, epsilon, schedule, cost_scale, record):
+        log_t, record.iterations, record.error = _loop(cost, log_mu, log_nu, epsilon, schedule, cost_scale, record)
+        return log_t
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        """Save for backward what the forward computed (forward and context split, as torch.func requires)."""
+        cost, log_mu, log_nu, epsilon, schedule, cost_scale, record = inputs
+        ctx.schedule, ctx.cost_scale, ctx.scaling = schedule, cost_scale, record.scaling
+        ctx.iterations, ctx.stride = record.iterations, record.stride
+        ctx.tensor_eps, ctx.tensor_start = isinstance(epsilon, Tensor), isinstance(record.start, Tensor)
+        ctx.epsilon = None if ctx.tensor_eps else epsilon
+        ctx.start = None if ctx.tensor_start else record.start
+        snapshots = torch.stack(record.snapshots)  # (K, R, 1, m)
+        record.snapshots = []
+        ctx.save_for_backward(cost, log_mu, log_nu, epsilon if ctx.tensor_eps else None, snapshots,
+                              record.start if ctx.tensor_start else None)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cost, log_mu, log_nu, eps_t, snapshots, start_t = ctx.saved_tensors
+        epsilon = eps_t if ctx.tensor_eps else ctx.epsilon
+        if torch.is_grad_enabled():  # the backward is recorded: differentiate the recomputed iterations
+            grads = _recorded_vjp(cost, log_mu, log_nu, epsilon, ctx, grad)
+        else:
+            start = start_t if ctx.tensor_start else ctx.start
+            grads = _recomputed_vjp(cost, log_mu, log_nu, epsilon, start, snapshots, ctx, grad)
+        return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad)), None, None, None)
+
+
+def _recorded_vjp(cost: Tensor, log_mu: Tensor, log_nu: Tensor, epsilon: Tensor | float, ctx,
+                  grad: Tensor) -> tuple[Tensor | None, ...]:
+    """The backward of :class:`_RecomputedSinkhorn` as a differentiable function of its inputs and ``grad``: the
+    iterations that ran, recomputed in autograd operations (:func:`_loop` with ``max_iter`` = the iterations used,
+    no check), under ``torch.func.vjp``. Returns the gradients of (C, log μ, log ν, ε), ``None`` for a float ε."""
+    schedule = dataclasses.replace(ctx.schedule, max_iter=ctx.iterations, tolerance=None)
+    primals = (cost, log_mu, log_nu, epsilon) if ctx.tensor_eps else (cost, log_mu, log_nu)
+
+    def unrolled(c, lm, ln, *eps):
+        return _loop(c, lm, ln, eps[0] if eps else epsilon, schedule, ctx.cost_scale)[0]
+
+    grads = torch.func.vjp(unrolled, *primals)[1](grad)
+    return grads if ctx.tensor_eps else (*grads, None)
+
+
+def _recomputed_vjp(cost: Tensor, log_mu: Tensor, log_nu: Tensor, epsilon: Tensor | float, start: Tensor | float,
+                    snapshots: Tensor, ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+    """The reverse sweep through the iterations of :class:`_RecomputedSinkhorn`'s forward, one segment between two
+    snapshots of g at a time (its g recomputed from the snapshot by :func:`_update`, as the forward computed them).
+    Returns the gradients of (C ``(R, n, m)``, log μ ``(R or 1, n)``, log ν ``(R or 1, m)``, ε 0-d or ``None``)."""
+    value = float(epsilon) if ctx.tensor_eps else epsilon
+    T, s, scaling, schedule = ctx.iterations, ctx.stride, ctx.scaling, ctx.schedule
+
+    def eps_at(t: int) -> Tensor | float:  # ε of iteration t (0-based), as in _loop
+        return epsilon if t >= scaling else _epsilon_at(t, start, scaling, value, schedule)
+
+    lmu, lnu = log_mu.unsqueeze(-1), log_nu.unsqueeze(-2)
+    learn = ctx.tensor_eps and ctx.needs_input_grad[3]
+    sums = _Adjoint(cost, grad, eps_at(T - 1), learn)
+    for k in reversed(range(snapshots.shape[0])):
+        t0, t1 = k * s, min(T, (k + 1) * s)
+        gs = [snapshots[k]]
+        for t in range(t0, t1 - 1):
+            gs.append(_update(cost, lmu, lnu, gs[-1], eps_at(t))[1])
+        for t in reversed(range(t0, t1)):
+            _reverse_step(sums, cost, lmu, lnu, gs.pop(), eps_at(t), learn and t >= scaling, grad if t == T - 1
+                          else None)
+    d_mu, d_nu = sums.d_mu.squeeze(-1), sums.d_nu.squeeze(-2)
+    d_mu = d_mu.sum(0, keepdim=True) if log_mu.shape[0] == 1 else d_mu  # log μ broadcast over the rows
+    d_nu = d_nu.sum(0, keepdim=True) if log_nu.shape[0] == 1 else d_nu
+    d_eps = sums.d_eps.to(epsilon.dtype).reshape(epsilon.shape) if learn else None
+    return sums.d_cost, d_mu.to(log_mu.dtype), d_nu.to(log_nu.dtype), d_eps
+
+
+class _Adjoint:
+    """The reverse sweep's running sums: ∂C ``(R, n, m)``, ∂f ``(R, n, 1)``, ∂g ``(R, 1, m)``, ∂log μ, ∂log ν and
+    ∂ε (0-d), started from the output log Γ = (f_T + g_T - C) / ε_T and its gradient ``grad``."""
+
+    __slots__ = ("d_cost", "d_f", "d_g", "d_mu", "d_nu", "d_eps")
+
+    def __init__(self, cost: Tensor, grad: Tensor, eps_last: Tensor | float, learn: bool) -> None:
+        R, n, m = cost.shape
+        self.d_cost = grad / -eps_last
+        self.d_f = grad.sum(2, keepdim=True) / eps_last
+        self.d_g = grad.sum(1, keepdim=True) / eps_last
+        self.d_mu, self.d_nu = cost.new_zeros(R, n, 1), cost.new_zeros(R, 1, m)
+        self.d_eps = cost.new_zeros(()) if learn else None
+
+
+def _reverse_step(sums: _Adjoint, cost: Tensor, log_mu: Tensor, log_nu: Tensor, g_prev: Tensor, eps: Tensor | float,
+                  learn: bool, grad: Tensor | None) -> None:
+    """Walk ``sums`` back through one iteration, f = ε log μ - ε LSE_j((g_prev - C)/ε) then g = ε log ν -
+    ε LSE_i((f - C)/ε), recomputing its two softmaxes P (over the targets) and Q (over the items) from ``g_prev``.
+    ``learn``: ε is the learnable tensor in this iteration, so ∂f_i/∂ε = log μ_i + Σ_j P_ij log P_ij and ∂g_j/∂ε =
+    log ν_j + Σ_i Q_ij log Q_ij (at fixed g_prev, f) accumulate into ∂ε; ``grad``: this is the last iteration, whose
+    f and g form the output log Γ = (f + g - C)/ε, whose own ∂/∂ε is -log Γ / ε.
+
+    Every ``(R, n, m)`` operation is in place on the step's two buffers, and the softmaxes stay unnormalised (their
+    sums divide the vectors they multiply): on the CPU a fresh buffer per operation costs as much as the operation.
+    """
+    a = torch.sub(g_prev, cost).div_(eps)
+    p, z_a, lse_a = _exp_(a, 2)  # P = p / z_a: ∂f_i/∂g_j = -P_ij, ∂f_i/∂C_ij = P_ij
+    f = eps * log_mu - eps * lse_a
+    b = torch.sub(f, cost).div_(eps)
+    if learn and grad is not None:
+        # log Γ = b - LSE_i(b) + log ν; a +inf cost (a masked entry, gradient 0) clamped so that 0 · log Γ stays 0
+        log_gamma = b.clamp_min(torch.finfo(b.dtype).min).sub_(torch.logsumexp(b, dim=1, keepdim=True)).add_(log_nu)
+        sums.d_eps -= (grad * log_gamma).sum() / eps
+        del log_gamma
+    q, z_b, _ = _exp_(b, 1)  # Q = q / z_b: ∂g_j/∂f_i = -Q_ij, ∂g_j/∂C_ij = Q_ij
+    if learn:  # Σ Q log Q = Σ q log q / z - log z (xlogy: 0 log 0 = 0 for the zero weights)
+        sums.d_eps += ((log_nu + torch.special.xlogy(q, q).sum(1, keepdim=True) / z_b - z_b.log())
+                       * sums.d_g).sum()
+        f_rate = log_mu + torch.special.xlogy(p, p).sum(2, keepdim=True) / z_a - z_a.log()
+    q.mul_(sums.d_g / z_b)
+    sums.d_cost.add_(q)
+    d_f = sums.d_f - q.sum(2, keepdim=True)
+    del q, b
+    sums.d_nu += eps * sums.d_g
+    if learn:
+        sums.d_eps += (f_rate * d_f).sum()
+    p.mul_(d_f / z_a)
+    sums.d_cost.add_(p)
+    sums.d_g = -p.sum(1, keepdim=True)
+    sums.d_mu += eps * d_f
+    sums.d_f = torch.zeros_like(d_f)  # f of the iteration before feeds only its g, nothing else
+
+
+def _exp_(x: Tensor, dim: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``exp(x - max(x))`` written over ``x``, its sum z and ``logsumexp(x)``, along ``dim`` (kept): the softmax is
+    the first over z, from one exponential and no new ``(R, n, m)`` buffer."""
+    top = x.amax(dim, keepdim=True)
+    e = x.sub_(top).exp_()
+    total = e.sum(dim, keepdim=True)
+    return e, total, top + total.log()
 
 
 

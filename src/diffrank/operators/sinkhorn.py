@@ -12,13 +12,16 @@ code it names):
 - P[r, i] = n · T[i, r]: rows (ranks) sum to 1 exactly (the last update is the rank-side one), columns
   (items) sum to 1 within ``tolerance``.
 
-Gradients flow by automatic differentiation through the iterations (Cuturi et al. 2019, §3; Petersen et
-al. 2022 use it this way). With ``backend`` ``"triton"`` (or ``"auto"`` on CUDA) and n <= 64 (float32; 32 in
-float64: :func:`diffrank.kernels.sinkhorn.fused_size`, set by the compiled register budgets) the iterations
-run in the fused kernel of ``src/diffrank/kernels/sinkhorn.py`` (one program per sample, cost and potentials on chip),
-and so does the backward, a reverse sweep through the same iterations (:mod:`diffrank.operators.log_sinkhorn`);
-beyond it the PyTorch loop runs. The top-k rows are the first k rows of the full plan: entropic OT couples all
-targets, so no cheaper exact form exists (the OTT k+1-target variant is a different relaxation).
+Gradients are those of automatic differentiation through the iterations (Cuturi et al. 2019, §3; Petersen et
+al. 2022 use it this way), computed in eager autograd by recomputing the iterations in the backward, so that its
+memory is a few (B, n, n) buffers whatever the iteration count (:mod:`diffrank.operators.log_sinkhorn`, "Gradient
+and memory"; autograd through the unrolled loop keeps about four per iteration). With ``backend`` ``"triton"`` (or
+``"auto"`` on CUDA) and n <= 64 (float32; 32 in float64: :func:`diffrank.kernels.sinkhorn.fused_size`, set by the
+compiled register budgets) the iterations run in the fused kernel of ``src/diffrank/kernels/sinkhorn.py`` (one
+program per sample, cost and potentials on chip), and so does the backward, a reverse sweep through the same
+iterations (:mod:`diffrank.operators.log_sinkhorn`); beyond it the PyTorch loop runs. The top-k rows are the
+first k rows of the full plan: entropic OT couples all targets, so no cheaper exact form exists (the OTT
+k+1-target variant is a different relaxation).
 """
 
 from __future__ import annotations
@@ -61,10 +64,10 @@ class SinkhornSort(RankingOperator):
     Shapes: ``forward(scores (B, n), k)`` → ``(B, k or n, n)``. ``last_iterations`` holds the iterations
     used by the last call (diagnostics: Petersen et al. 2022 remark that late training needs more).
 
-    Second derivatives are exact on the PyTorch path (autograd through the iterations); the fused kernel refuses
-    a double backward (:class:`~diffrank.operators.base.DoubleBackwardError`). Under ``torch.compile`` the
-    convergence check is a host read, so with a tolerance the iterations run eagerly (one graph break);
-    ``tolerance=None`` (exactly ``max_iter`` iterations) compiles with ``fullgraph=True``. Under
+    Second derivatives are exact on the PyTorch path (a recorded backward differentiates the recomputed
+    iterations); the fused kernel refuses a double backward (:class:`~diffrank.operators.base.DoubleBackwardError`).
+    Under ``torch.compile`` the convergence check is a host read, so with a tolerance the iterations run eagerly
+    (one graph break); ``tolerance=None`` (exactly ``max_iter`` iterations) compiles with ``fullgraph=True``. Under
     ``torch.func.vmap`` the check covers every vmapped sample (the result equals the stacked eager call).
 
     Raises:
