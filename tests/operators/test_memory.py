@@ -18,14 +18,15 @@ from diffrank.operators.memory import ENV, DenseMemoryError, low_memory_methods,
 from helpers import ROOT
 
 
-def test_neuralsort_soft_rank_of_30000_items_is_refused_under_the_limit(monkeypatch):
-    """F.soft_rank(torch.randn(1, 30000), method="neuralsort") under a 2 GB limit was killed by
-    the OOM killer (rc 137) with no message; it is refused before allocating, naming sizes, limit and methods."""
+def test_a_dense_soft_rank_of_30000_items_is_refused_under_the_limit(monkeypatch):
+    """A soft rank built from P at n = 30 000 under a 2 GB limit (F.soft_rank(torch.randn(1, 30000),
+    method="neuralsort") was killed by the OOM killer, rc 137, with no message, before NeuralSort streamed it) is
+    refused before allocating, naming sizes, limit and methods."""
     monkeypatch.setenv(ENV, "2G")
     with pytest.raises(DenseMemoryError) as e:
-        F.soft_rank(torch.randn(1, 30000), method="neuralsort")
+        F.soft_rank(torch.randn(1, 30000), method="relaxed_bubble_sort")
     msg = str(e.value)
-    assert "NeuralSort.soft_rank" in msg and "(1, 30000, 30000)" in msg and "3.4 GiB" in msg
+    assert "RelaxedBubbleSort.soft_rank" in msg and "(1, 30000, 30000)" in msg and "3.4 GiB" in msg
     assert "2.0 GiB limit set by DIFFRANK_MAX_DENSE_BYTES=2G" in msg
     assert "fast_soft_sort, lapsum" in msg and "O(n log n)" in msg
     assert isinstance(e.value, MemoryError)
@@ -40,7 +41,7 @@ def test_every_dense_path_is_refused_and_the_cheap_ones_are_not(monkeypatch):
     monkeypatch.setenv(ENV, "1G")
     x = torch.randn(1, 30000)
     assert load("sinkhorn")._dense_rows(PERMUTATION, 30000, 5) == 30000
-    for name, method, args in (("sinkhorn", "forward", (5,)), ("softsort", "soft_sort", ()),
+    for name, method, args in (("sinkhorn", "forward", (5,)), ("softsort", "forward", ()),
                                ("neuralsort", "topk_membership", ([20000],)),
                                ("diffsort_bitonic", "topk_membership", ([20000],)),
                                ("relaxed_bubble_sort", "soft_rank", ())):
@@ -48,6 +49,9 @@ def test_every_dense_path_is_refused_and_the_cheap_ones_are_not(monkeypatch):
         with pytest.raises(DenseMemoryError, match=f"{type(op).__name__}.{method} on 1 set"):
             (op if method == "forward" else getattr(op, method))(x, *args)
     assert load("softsort")(x, 5).shape == (1, 5, 30000)  # 5 rows of 30 000: 1.1 MB
+    # their soft sort / soft rank stream P's rows in chunks (tests/operators/test_streaming_dense.py)
+    assert load("softsort")._dense_rows("soft_sort", 30000, None) is None
+    assert load("neuralsort")._dense_rows("soft_rank", 30000, None) is None
     ops = {name: load(name) for name in available()}
     low_memory = low_memory_methods()
     assert low_memory == {"soft_sort": ("fast_soft_sort", "lapsum"), "soft_rank": ("fast_soft_sort", "lapsum"),
@@ -71,7 +75,7 @@ def test_small_calls_read_nothing_and_the_limit_parses(monkeypatch):
     assert parse_bytes("inf") == float("inf")
     monkeypatch.setenv(ENV, "lots")
     with pytest.raises(ValueError, match="DIFFRANK_MAX_DENSE_BYTES='lots'"):
-        F.soft_rank(torch.randn(1, 30000), method="neuralsort")
+        F.soft_rank(torch.randn(1, 30000), method="relaxed_bubble_sort")
 
 
 def test_without_the_variable_the_limit_is_the_memory_left(monkeypatch):
@@ -81,7 +85,7 @@ def test_without_the_variable_the_limit_is_the_memory_left(monkeypatch):
     monkeypatch.setattr(memory, "_cgroup_left", lambda: None)
     monkeypatch.setattr(memory, "_address_space_left", lambda: None)
     with pytest.raises(DenseMemoryError, match=r"more than the 2.0 GiB memory left on cpu"):
-        F.soft_rank(torch.randn(1, 30000), method="neuralsort")
+        F.soft_rank(torch.randn(1, 30000), method="relaxed_bubble_sort")
     monkeypatch.setattr(memory, "_mem_available", lambda: None)  # nothing readable: no check
     assert memory.available_bytes(torch.device("cpu")) is None
 
@@ -112,14 +116,14 @@ def test_under_a_ulimit_the_call_is_refused_not_killed():
         vm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
         resource.setrlimit(resource.RLIMIT_AS, (vm + 2 * 2**30, resource.RLIM_INFINITY))
         try:
-            F.soft_rank(torch.randn(1, 30000), method="neuralsort")
+            F.soft_rank(torch.randn(1, 30000), method="relaxed_bubble_sort")
         except DenseMemoryError as e:
             print("REFUSED", e)
     """)
     env = {"PYTHONPATH": f"{ROOT / 'src'}", "DIFFRANK_CONFIG_DIR": str(ROOT / "configs"), "OMP_NUM_THREADS": "1",
            "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
-    assert "REFUSED NeuralSort.soft_rank" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert "REFUSED RelaxedBubbleSort.soft_rank" in out.stdout, out.stdout + out.stderr[-2000:]
     assert "memory left on cpu" in out.stdout and "fast_soft_sort, lapsum" in out.stdout
 
 

@@ -199,6 +199,7 @@ def test_the_backward_of_many_iterations_is_the_unrolled_one_in_float32(unrolled
     _assert_same(light, reference, tol=1e-5)
 
 
+@pytest.mark.slow  # ~12 s each; the default suite's gradgrad cells of tests/test_torch_func.py take this path too
 @pytest.mark.parametrize("learnable", [False, True], ids=["fixed_beta", "learnable_beta"])
 def test_second_derivatives_stay_exact(unrolled, learnable):
     """A recorded backward (create_graph) differentiates the recomputed iterations: gradgradcheck passes, stopped

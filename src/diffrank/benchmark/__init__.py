@@ -29,8 +29,8 @@ import os
 import re
 import sys
 
-SUITES = ["basic", "networks", "others", "torchsort_parity", "lapsum_parity", "grid", "lapsum_figures"]
-DEFAULT_SUITES = ["basic", "networks", "others", "torchsort_parity", "lapsum_parity"]
+SUITES = ["basic", "networks", "others", "streaming", "torchsort_parity", "lapsum_parity", "grid", "lapsum_figures"]
+DEFAULT_SUITES = ["basic", "networks", "others", "streaming", "torchsort_parity", "lapsum_parity"]
 
 
 def positive_int(text: str) -> int:

@@ -1,11 +1,13 @@
 """The memory check of the operators that form rows of the relaxed permutation matrix: refuse, before allocating,
 a call whose ``(B, m, n)`` buffers cannot fit, and name the methods that need none.
 
-A relaxed permutation matrix P (NeuralSort, SoftSort, Sinkhorn, the sorting networks, the relaxed bubble sort, and
-every ``permutation`` call) has ``m × n`` entries per set (``m = n``, or ``k`` rows for a top-k): at n = 30 000 one
-float32 P is 3.6 GB, and its hook holds several such buffers at once. Without a check the allocation fails with
-torch's bare ``can't allocate … bytes``, or, where the kernel overcommits memory, the process is killed by the OOM
-killer with no message (``F.soft_rank(torch.randn(1, 30000), method="neuralsort")`` under a 2 GB limit).
+A relaxed permutation matrix P (Sinkhorn, the sorting networks, the relaxed bubble sort, the top-k of NeuralSort and
+SoftSort, and every ``permutation`` call; NeuralSort's and SoftSort's soft sort / soft rank stream P's rows in chunks
+instead, :mod:`diffrank.operators.streaming`) has ``m × n`` entries per set (``m = n``, or ``k`` rows for a top-k): at
+n = 30 000 one float32 P is 3.6 GB, and its hook holds several such buffers at once. Without a check the allocation
+fails with torch's bare ``can't allocate … bytes``, or, where the kernel overcommits memory, the process is killed
+by the OOM killer with no message (``F.soft_rank(torch.randn(1, 30000), method="neuralsort")`` under a 2 GB limit,
+before it streamed).
 
 **The limit.** ``DIFFRANK_MAX_DENSE_BYTES`` (bytes, optionally with a binary suffix ``K``, ``M``, ``G``, ``T``,
 e.g. ``8G`` or ``512MiB``; ``inf`` turns the check off) when set; otherwise the memory the device has left:

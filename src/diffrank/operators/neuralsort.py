@@ -6,9 +6,13 @@ A_s 1 the row sums Σ_l |s_j - s_l| (Grover et al. 2019, Eq. 5; Petersen et al. 
 
 Why it is fast: the row sums come from one sort and prefix sums (O(n log n)) instead of the n x n
 matrix A_s (difftopk forms A_s and multiplies it by a ones matrix, O(n³)); only the requested r rows
-are ever formed, so time and memory are O(B · r · n). With ``backend`` ``"triton"`` (or ``"auto"`` on CUDA)
-the rows come from fused kernels (``src/diffrank/kernels/neuralsort.py``: a streaming softmax per rank row, the logits
-never stored) and the row sums still from the sort here, so no n x n tensor exists forward or backward.
+are ever formed, so time and memory are O(B · r · n). ``soft_rank`` and ``soft_sort`` form no P at all on the
+PyTorch path: they accumulate its rows in chunks and recompute them in the backward pass
+(:mod:`diffrank.operators.streaming`; O(B · n) saved, a peak of a few chunks of ~64 MiB). With ``backend``
+``"triton"`` (or ``"auto"`` on CUDA) the rows of ``forward`` / ``topk_membership`` (and of ``soft_rank`` /
+``soft_sort`` while P fits in memory, always with ``"triton"``) come from fused kernels
+(``src/diffrank/kernels/neuralsort.py``: a streaming softmax per rank row, the logits never stored) and the row sums
+still from the sort here, so no n x n logits tensor exists forward or backward.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import torch
 from torch import Tensor
 
 from diffrank.operators.backend import check_backend, use_triton
-from diffrank.operators.base import RankingOperator, beta_repr, fold_vmapped
+from diffrank.operators.base import SOFT_RANK, SOFT_SORT, RankingOperator, beta_repr, fold_vmapped
+from diffrank.operators.streaming import dense_fits, streamed_rows
 
 
 def abs_diff_row_sums(scores: Tensor) -> Tensor:
@@ -124,7 +129,9 @@ class NeuralSort(RankingOperator):
             (see :mod:`diffrank.operators.backend`); both compute the same rows.
 
     Shapes: ``forward(scores (B, n), k)`` → ``(B, k or n, n)``; each row sums to 1 (a softmax);
-    columns sum to ≈ 1 only (Grover et al. 2019, §3: P̂ is unimodal row-stochastic).
+    columns sum to ≈ 1 only (Grover et al. 2019, §3: P̂ is unimodal row-stochastic). ``soft_rank`` / ``soft_sort``
+    → ``(B, n)``, streamed over chunks of P̂'s rows on the PyTorch path (:mod:`diffrank.operators.streaming`): never
+    refused by the memory check, whatever n (``forward`` still is, P itself being n x n).
 
     Second derivatives are exact on both paths (the kernels' backward is differentiable). Under ``torch.compile``
     the PyTorch path compiles with ``fullgraph=True``.
@@ -157,6 +164,40 @@ class NeuralSort(RankingOperator):
         scale = (n + 1 - 2 * ranks).view(1, r, 1)  # (1, r, 1)
         logits = scale * scores.unsqueeze(1) - abs_diff_row_sums(scores).unsqueeze(1)
         return torch.softmax(logits * self.beta, dim=-1)
+
+    def _soft_rank(self, x: Tensor) -> Tensor:
+        """Σ_r r · P̂[r, j] (Grover et al. 2019, Eq. 5), ``(B, n)``, streamed where :meth:`_streams`."""
+        if not self._streams(x, "soft_rank"):
+            return super()._soft_rank(x)
+        return streamed_rows(x, abs_diff_row_sums(x), self.beta, "neuralsort", "rank")
+
+    def _soft_sort(self, x: Tensor) -> Tensor:
+        """P̂ s, descending (Grover et al. 2019, Eq. 5), ``(B, n)``, streamed where :meth:`_streams`."""
+        if not self._streams(x, "soft_sort"):
+            return super()._soft_sort(x)
+        return streamed_rows(x, abs_diff_row_sums(x), self.beta, "neuralsort", "sort")
+
+    def _forms_p(self) -> bool:
+        """Whether soft_rank / soft_sort always form P: a subclass whose rows differ (the stochastic NeuralSort's
+        perturbed samples, straight-through rows) builds them from its own ``_permutation``; ``backend="triton"``
+        from the kernels' P."""
+        return type(self)._permutation is not NeuralSort._permutation or self.backend == "triton"
+
+    def _streams(self, x: Tensor, method: str) -> bool:
+        """Whether this soft_rank / soft_sort call accumulates P̂'s rows in chunks: on the PyTorch path always; under
+        ``backend="auto"`` on CUDA (the kernels) only where the dense P̂ would not fit in memory."""
+        if self._forms_p():
+            return False
+        if isinstance(self.beta, Tensor) or not use_triton(self.backend, x):
+            return True
+        return not dense_fits(type(self).__name__, method, x)
+
+    def _dense_rows(self, capability: str, n: int, k) -> int | None:
+        """As the base's, but soft_rank / soft_sort form n rows of P̂ only where :meth:`_forms_p` (elsewhere they
+        stream, or, under ``"auto"`` on CUDA, check the memory themselves)."""
+        if capability in (SOFT_RANK, SOFT_SORT) and self._forms_p():
+            return n
+        return super()._dense_rows(capability, n, k)
 
     def extra_repr(self) -> str:
         return f"beta={beta_repr(self.beta)}, backend={self.backend!r}"

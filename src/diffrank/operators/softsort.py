@@ -3,9 +3,12 @@
 P[r, j] = softmax_j(-|s̃_r - s_j| / τ) with s̃ the scores sorted in descending order
 (Prillo & Eisenschlos 2020, Eq. 3 with d = |·|; Petersen et al. 2022 §2.3). τ = 1/β.
 Only the k rows asked for are formed: the top-k values come from ``torch.topk`` (O(n log k)),
-so time and memory are O(B · k · n) rather than difftopk's O(B · n²). With ``backend`` ``"triton"`` (or
-``"auto"`` on CUDA) and power 1 the rows come from fused kernels (``src/diffrank/kernels/softsort.py``) that never store
-the logits.
+so time and memory are O(B · k · n) rather than difftopk's O(B · n²). ``soft_rank`` and ``soft_sort`` form no P at
+all on the PyTorch path: they accumulate its rows in chunks and recompute them in the backward pass
+(:mod:`diffrank.operators.streaming`; O(B · n) saved, a peak of a few chunks of ~64 MiB). With ``backend``
+``"triton"`` (or ``"auto"`` on CUDA) and power 1 the rows of ``forward`` / ``topk_membership`` (and of ``soft_rank`` /
+``soft_sort`` while P fits in memory, always with ``"triton"``) come from fused kernels
+(``src/diffrank/kernels/softsort.py``) that never store the logits.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import torch
 from torch import Tensor
 
 from diffrank.operators.backend import check_backend, use_triton
-from diffrank.operators.base import RankingOperator, beta_repr, fold_vmapped
+from diffrank.operators.base import SOFT_RANK, SOFT_SORT, RankingOperator, beta_repr, fold_vmapped
+from diffrank.operators.streaming import dense_fits, streamed_rows
 
 
 class _SoftSortRows(torch.autograd.Function):
@@ -95,7 +99,11 @@ class SoftSort(RankingOperator):
             ``power == 1``, PyTorch otherwise), ``"torch"`` or ``"triton"`` (always the kernels; see
             :mod:`diffrank.operators.backend`). Both compute the same rows.
 
-    Shapes: ``forward(scores (B, n), k)`` → ``(B, k or n, n)``; rows sum to 1, columns ≈ 1.
+    Shapes: ``forward(scores (B, n), k)`` → ``(B, k or n, n)``; rows sum to 1, columns ≈ 1. ``soft_rank`` /
+    ``soft_sort`` → ``(B, n)``, streamed over chunks of P's rows on the PyTorch path
+    (:mod:`diffrank.operators.streaming`): never refused by the memory check, whatever n (``forward`` still is).
+    Their gradient is 0, not NaN, through the entry where s̃_r is s_j itself for ``power < 1`` (that distance is
+    identically 0), where the dense P's autograd gives NaN (``d^(p-1)`` at 0).
 
     Second derivatives are exact on both paths (the kernels' backward is differentiable). Under ``torch.compile``
     the PyTorch path compiles with ``fullgraph=True``.
@@ -135,6 +143,45 @@ class SoftSort(RankingOperator):
         if self.power != 1.0:
             dist = dist.pow(self.power)
         return torch.softmax(-self.beta * dist, dim=-1)
+
+    def _soft_rank(self, x: Tensor) -> Tensor:
+        """Σ_r r · P[r, j] (Prillo & Eisenschlos 2020, Eq. 3), ``(B, n)``, streamed where :meth:`_streams`."""
+        if not self._streams(x, "soft_rank"):
+            return super()._soft_rank(x)
+        return streamed_rows(x, self._sorted(x), self.beta, "softsort", "rank", self.power)
+
+    def _soft_sort(self, x: Tensor) -> Tensor:
+        """P s, descending (Prillo & Eisenschlos 2020, Eq. 3), ``(B, n)``, streamed where :meth:`_streams`."""
+        if not self._streams(x, "soft_sort"):
+            return super()._soft_sort(x)
+        return streamed_rows(x, self._sorted(x), self.beta, "softsort", "sort", self.power)
+
+    @staticmethod
+    def _sorted(x: Tensor) -> Tensor:
+        """s̃, the scores in descending order, as ``_permutation`` takes them (the same call: the same gradient
+        routing between tied scores)."""
+        return x.topk(x.shape[-1], dim=-1, sorted=True).values
+
+    def _forms_p(self) -> bool:
+        """Whether soft_rank / soft_sort always form P: a subclass whose rows differ builds them from its own
+        ``_permutation``; ``backend="triton"`` from the kernels' P."""
+        return type(self)._permutation is not SoftSort._permutation or self.backend == "triton"
+
+    def _streams(self, x: Tensor, method: str) -> bool:
+        """Whether this soft_rank / soft_sort call accumulates P's rows in chunks: on the PyTorch path always; where
+        the kernels apply (``"auto"`` on CUDA, power 1, a fixed β) only if the dense P would not fit in memory."""
+        if self._forms_p():
+            return False
+        if self.power != 1.0 or isinstance(self.beta, Tensor) or not use_triton(self.backend, x):
+            return True
+        return not dense_fits(type(self).__name__, method, x)
+
+    def _dense_rows(self, capability: str, n: int, k) -> int | None:
+        """As the base's, but soft_rank / soft_sort form n rows of P only where :meth:`_forms_p` (elsewhere they
+        stream, or, under ``"auto"`` on CUDA, check the memory themselves)."""
+        if capability in (SOFT_RANK, SOFT_SORT) and self._forms_p():
+            return n
+        return super()._dense_rows(capability, n, k)
 
     def extra_repr(self) -> str:
         return f"beta={beta_repr(self.beta)}, power={self.power}, backend={self.backend!r}"
