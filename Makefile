@@ -8,7 +8,7 @@ export OMP_NUM_THREADS ?= 2
 export HF_HUB_OFFLINE ?= 1
 export WANDB_MODE ?= offline
 
-.PHONY: help install torchsort lapsum-reference train test test-library test-slow test-all bench gpu-check lint format report clean clean-outputs
+.PHONY: help install torchsort lapsum-reference data-ml100k train test test-library test-slow test-all bench gpu-check lint format report clean clean-outputs
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -39,6 +39,12 @@ torchsort: $(STAMP)  ## optional: build torchsort 0.1.10 from source (~4 min), t
 lapsum-reference: $(STAMP)  ## optional: JIT-build the official LapSum C++ extension from $DIFFRANK_LAPSUM_OFFICIAL (~1.5 min)
 	@test -n "$(DIFFRANK_LAPSUM_OFFICIAL)" || { echo "set DIFFRANK_LAPSUM_OFFICIAL to a checkout of the official LapSum code"; exit 2; }
 	DIFFRANK_LAPSUM_OFFICIAL="$(DIFFRANK_LAPSUM_OFFICIAL)" $(BIN)/python -m diffrank.benchmark.lapsum_reference --build
+
+# MovieLens-100K (GroupLens) as RecBole ships it: the wheel holds recbole/dataset_example/ml-100k/ml-100k.inter, read
+# from the wheel itself (diffrank.experiments.data.movielens); nothing is unpacked. Into $DIFFRANK_DATA, else data/.
+ML100K_DIR := $(or $(DIFFRANK_DATA),data)/recbole
+data-ml100k: $(STAMP)  ## download the RecBole 1.2.1 wheel holding MovieLens-100K into $DIFFRANK_DATA/recbole (~2 MB)
+	$(BIN)/python -m pip download -q recbole==1.2.1 --no-deps -d "$(ML100K_DIR)"
 
 train: $(STAMP)  ## run the default experiment: operator=sinkhorn pk=half_top5 on digits100 (real data)
 	$(BIN)/python train.py $(ARGS)

@@ -1,5 +1,6 @@
-"""Losses built on the ranking operators (top-k cross-entropy, sorting, learning to rank, kNN, smooth top-k SVM,
-Newton, smoothing, ReSGRO) and their helpers; docs/api.md, "Losses", has the table with shapes and papers.
+"""Losses built on the ranking operators (top-k cross-entropy, sorting, learning to rank, top-K recommendation, kNN,
+smooth top-k SVM, Newton, smoothing, ReSGRO) and their helpers; docs/api.md, "Losses", has the table with shapes and
+papers.
 
 Every public class and function of the modules of this package is exported here, written out below (``from
 diffrank.losses import TopKCrossEntropyLoss``); ``tests/losses/test_exports.py`` keeps the list complete.
@@ -24,6 +25,7 @@ from diffrank.losses.ranking import (
     sinkhorn_scaling,
     soft_spearman_loss,
 )
+from diffrank.losses.recommendation import ApproxNDCGLoss, BPRLoss, ItemSoftmaxLoss, NeuralNDCGLoss, sample_negatives
 from diffrank.losses.resgro import (
     ResgroLoss,
     kendall_tau,
@@ -70,6 +72,10 @@ from diffrank.losses.validation import (
 
 __all__ = [
     "PK",
+    "ApproxNDCGLoss",
+    "BPRLoss",
+    "ItemSoftmaxLoss",
+    "NeuralNDCGLoss",
     "BubbleSwapLoss",
     "LabelRangeError",
     "NeighbourLoss",
@@ -108,6 +114,7 @@ __all__ = [
     "permutation_matrix",
     "resgro_select",
     "resgro_target",
+    "sample_negatives",
     "sample_noise",
     "score",
     "sigmoid_bce_derivatives",

@@ -23,7 +23,7 @@ class EpochSampler(Sampler):
         n: items (or batches, with ``keys``) per epoch.
         seed: the run's seed; ``None`` keeps the items in order (evaluation).
         stream: a constant that separates the data modules' draws of one seed (digits 1, images 2, Warcraft 3,
-            embeddings 5), so that their orders are independent.
+            embeddings 5, MovieLens 6), so that their orders are independent.
         batch_size: ``None`` yields item indices (a DataLoader batches them); an int yields index arrays of
             ``batch_size`` items, the last one smaller (the Warcraft reference's loader: no ``drop_last``).
         keys: yield ``(epoch, i)`` for ``i < n`` instead of indices: for data sets that draw batch ``i`` of an
