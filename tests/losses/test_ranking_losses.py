@@ -41,6 +41,8 @@ LOSSES = {
     "listmle": ranking.listmle_loss,
     "listmle@2": lambda s, r, **kw: ranking.listmle_loss(s, r, k=2, **kw),
     "soft_spearman": ranking.soft_spearman_loss,
+    "pirank@2": lambda s, r, **kw: ranking.pirank_loss(s, r, k=2, **kw),
+    "smooth_ap": lambda s, r, **kw: ranking.smooth_ap_loss(s, r, beta=2.0, **kw),
 }
 
 
@@ -66,6 +68,7 @@ def test_ndcg_losses_tend_to_one_minus_the_hard_ndcg(k):
         "neural, no Sinkhorn": ranking.neural_ndcg_loss(s, r, k=k, reduction="none", sinkhorn_iterations=0,
                                                          operator=load("neuralsort", beta=1e4)),
         "neural transposed": ranking.neural_ndcg_loss(s, r, k=k, beta=1e4, transposed=True, reduction="none"),
+        "pirank": ranking.pirank_loss(s, r, k=k, beta=1e4, reduction="none"),
     }
     for name, value in got.items():
         torch.testing.assert_close(value, want, atol=1e-9, rtol=0, msg=name)
@@ -249,3 +252,23 @@ def test_bad_input_raises_clear_errors():
         ranking.neural_ndcg_loss(s, r, operator=lambda x: x)
     with pytest.raises(ValueError, match="empty"):
         ranking.neural_ndcg_loss(s, r, empty="skip")
+
+
+def test_smooth_ap_tends_to_one_minus_the_hard_ap_and_is_computed_by_hand():
+    s, r = _untied(4, 7), _labels(4, 7)
+    torch.testing.assert_close(ranking.smooth_ap_loss(s, r, beta=1e4, reduction="none"),
+                               1 - metrics.average_precision(s, r), atol=1e-9, rtol=0)
+    x = torch.tensor([[2.0, 0.0, 1.0]], dtype=torch.float64)  # relevant: items 0 and 1
+    rel = torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)
+    sig = torch.sigmoid
+    p0 = (1 + sig(torch.tensor(-2.0))) / (1 + sig(torch.tensor(-2.0)) + sig(torch.tensor(-1.0)))
+    p1 = (1 + sig(torch.tensor(2.0))) / (1 + sig(torch.tensor(2.0)) + sig(torch.tensor(1.0)))
+    torch.testing.assert_close(ranking.smooth_ap_loss(x, rel, beta=1.0), (1 - (p0 + p1) / 2).double())
+    empty = ranking.smooth_ap_loss(x, torch.zeros_like(rel), empty="one", reduction="none")
+    assert empty.tolist() == [0.0]
+
+
+def test_pirank_is_neural_ndcg_without_sinkhorn():
+    s, r = _untied(3, 6), _labels(3, 6)
+    torch.testing.assert_close(ranking.pirank_loss(s, r, k=3, beta=0.7),
+                               ranking.neural_ndcg_loss(s, r, k=3, beta=0.7, sinkhorn_iterations=0), rtol=0, atol=0)

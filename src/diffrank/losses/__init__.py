@@ -21,8 +21,10 @@ from diffrank.losses.ranking import (
     listmle_loss,
     listnet_loss,
     neural_ndcg_loss,
+    pirank_loss,
     sigmoid_soft_rank,
     sinkhorn_scaling,
+    smooth_ap_loss,
     soft_spearman_loss,
 )
 from diffrank.losses.recommendation import ApproxNDCGLoss, BPRLoss, ItemSoftmaxLoss, NeuralNDCGLoss, sample_negatives
@@ -71,15 +73,15 @@ from diffrank.losses.validation import (
 )
 
 __all__ = [
-    "PK",
     "ApproxNDCGLoss",
     "BPRLoss",
-    "ItemSoftmaxLoss",
-    "NeuralNDCGLoss",
     "BubbleSwapLoss",
+    "ItemSoftmaxLoss",
     "LabelRangeError",
     "NeighbourLoss",
+    "NeuralNDCGLoss",
     "NewtonLoss",
+    "PK",
     "ResgroLoss",
     "RowSoftmaxCELoss",
     "SmoothHardTopKLoss",
@@ -112,6 +114,7 @@ __all__ = [
     "per_sample_derivatives",
     "per_sample_derivatives_func",
     "permutation_matrix",
+    "pirank_loss",
     "resgro_select",
     "resgro_target",
     "sample_negatives",
@@ -120,6 +123,7 @@ __all__ = [
     "sigmoid_bce_derivatives",
     "sigmoid_soft_rank",
     "sinkhorn_scaling",
+    "smooth_ap_loss",
     "smooth_topk_svm",
     "smoothed_loss_derivatives",
     "soft_spearman_loss",

@@ -10,6 +10,8 @@ shape ``(...)``). Items are ranked by decreasing score, rank 1 = the largest (th
 - :func:`neural_ndcg_loss`: 1 − NeuralNDCG (Pobrotyn & Białobrzeski, "NeuralNDCG: Direct Optimisation of a Ranking
   Metric via Differentiable Relaxation of Sorting", arXiv:2102.07831, 2021): the gains sorted by a relaxed
   permutation matrix (NeuralSort by default), optionally Sinkhorn-scaled, and its transposed variant.
+- :func:`pirank_loss`: 1 − PiRank's relaxed NDCG@k (Swezey et al., NeurIPS 2021): NeuralSort's top k rows, no scaling.
+- :func:`smooth_ap_loss`: 1 − Smooth-AP (Brown et al., ECCV 2020): average precision over sigmoid-relaxed ranks.
 - :func:`listnet_loss`: ListNet's cross-entropy of top-one probabilities (Cao, Qin, Liu, Tsai, Li, ICML 2007).
 - :func:`listmle_loss`: ListMLE's negative log-likelihood of the true order under the Plackett-Luce model (Xia, Liu,
   Wang, Zhang, Li, ICML 2008), by ``logcumsumexp``: finite in float32 at n = 10⁴.
@@ -223,6 +225,67 @@ def neural_ndcg_loss(scores: Tensor, relevance: Tensor, k: int | None = None, ma
         else:
             dcg = ((p[..., :top, :] @ g.unsqueeze(-1)).squeeze(-1) * d[:top]).sum(-1)
         return 1.0 - _ndcg(dcg, _ideal_dcg(g, k), fill)
+
+    return _reduce(_per_list(rows, s, r, m), m, reduction, shape)
+
+
+def pirank_loss(scores: Tensor, relevance: Tensor, k: int | None = None, mask: Tensor | None = None,
+                beta: float | None = None, gain: str = "exp2", empty: str = "zero", reduction: str = "mean") -> Tensor:
+    """1 − PiRank's relaxed NDCG@k (Swezey, Grover, Charron, Ermon, NeurIPS 2021, §3): the gains sorted by the top k
+    rows of NeuralSort's P̂ (no Sinkhorn scaling), i.e. :func:`neural_ndcg_loss` with ``sinkhorn_iterations=0``;
+    PiRank's divide-and-conquer sort for very long lists (their §3.2) is not implemented, and O(B k n) memory is what
+    the top k rows take here.
+
+    Args:
+        scores, relevance, k, mask, gain, empty, reduction: as :func:`neural_ndcg_loss`.
+        beta: NeuralSort's inverse temperature β = 1/τ (default 1).
+
+    Returns:
+        As :func:`neural_ndcg_loss`.
+
+    Raises:
+        As :func:`neural_ndcg_loss`.
+    """
+    return neural_ndcg_loss(scores, relevance, k=k, mask=mask, beta=beta, sinkhorn_iterations=0, gain=gain,
+                            empty=empty, reduction=reduction)
+
+
+SMOOTH_AP_BETA = 100.0  # Brown et al.'s τ = 0.01
+
+
+def smooth_ap_loss(scores: Tensor, relevance: Tensor, mask: Tensor | None = None, beta: float = SMOOTH_AP_BETA,
+                   empty: str = "zero", reduction: str = "mean") -> Tensor:
+    """1 − Smooth-AP (Brown, Xie, Kalogeiton, Zisserman, ECCV 2020, §3): average precision with each rank replaced by
+    a sum of sigmoids, AP ≈ (1/|P|) Σ_{i ∈ P} (1 + Σ_{j ∈ P, j ≠ i} σ(β (s_j − s_i))) / (1 + Σ_{j ≠ i}
+    σ(β (s_j − s_i))), P the relevant items (relevance > 0), β = 1/τ.
+
+    Args:
+        scores: ``(..., n)`` floating.
+        relevance: ``(..., n)`` labels; an item is relevant when its label is > 0.
+        mask: ``(..., n)`` bool, True = a real item; padded items contribute nothing (module docstring).
+        beta: inverse temperature β = 1/τ > 0 (default 100: the paper's τ = 0.01).
+        empty: AP of a list without a relevant item: ``"zero"`` (default: loss 1, no gradient), ``"one"``, ``"nan"``.
+        reduction: ``"mean"`` (over the lists with a real item), ``"sum"`` or ``"none"``.
+
+    Returns:
+        A scalar (or ``(...)`` per list), dtype of ``scores`` (float32 for half precision); tends to 1 −
+        :func:`diffrank.metrics.average_precision` on untied scores as β → ∞. Memory O(B n²) (the pairwise sigmoids).
+
+    Raises:
+        TypeError / ValueError: bad tensors or labels (as :func:`approx_ndcg_loss`), a bad ``beta`` or ``empty``.
+    """
+    fill = check_policy(empty, "empty", EMPTY)
+    beta = _check_beta(beta)
+    s, r, m, shape = _prepare(scores, relevance, mask, reduction, nonnegative=True)
+
+    def rows(x: Tensor, rel: Tensor) -> Tensor:
+        relevant = (rel > 0).to(x.dtype)
+        above = torch.sigmoid(beta * (x.unsqueeze(-2) - x.unsqueeze(-1)))  # [i, j]: σ(β (s_j − s_i))
+        above = above * (1.0 - torch.eye(x.shape[-1], dtype=x.dtype, device=x.device))
+        precision = (1.0 + above @ relevant.unsqueeze(-1)).squeeze(-1) / (1.0 + above.sum(-1))
+        count = relevant.sum(-1)
+        ap = (precision * relevant).sum(-1) / count.clamp_min(1.0)
+        return 1.0 - torch.where(count > 0, ap, torch.full_like(ap, fill))
 
     return _reduce(_per_list(rows, s, r, m), m, reduction, shape)
 
