@@ -98,3 +98,48 @@ def test_bad_masks_and_lengths_are_named():
         F.soft_rank(x, method="softsort", lengths=torch.tensor([5.0, 2.0]))
     with pytest.raises(ValueError, match="mask or lengths, not both"):
         F.soft_rank(x, method="softsort", lengths=torch.tensor([5, 2]), mask=torch.ones(2, 5, dtype=torch.bool))
+
+
+METHODS = {"soft_rank": "soft_rank", "soft_sort": "soft_sort", "topk_membership": "topk_membership",
+           "forward": "permutation"}
+OP_CELLS = [(m, fn) for m in available() for fn, cap in METHODS.items() if cap in load(m).capabilities]
+
+
+@pytest.mark.parametrize("method, fn", OP_CELLS, ids=[f"{m}-{f}" for m, f in OP_CELLS])
+def test_operator_methods_take_a_mask(method, fn):
+    """The operator methods (scores (B, n), rows = ranks) take the same mask: each set as if unpadded."""
+    op = load(method, **OPTIONS.get(method, {}))
+    mask = torch.tensor([[True] * N, [False, True, True, False, True, False], [False] * N, [True] + [False] * 5])
+    x = (torch.randn(4, N, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+         * 2 / float(op.beta)).requires_grad_()
+    call = {"topk_membership": lambda s, **kw: op.topk_membership(s, [K], **kw)[:, 0],
+            "forward": lambda s, **kw: op(s, **kw)}.get(fn, getattr(op, fn))
+    out = call(x, mask=mask)
+    g = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(3))
+    (grad,) = torch.autograd.grad((out * g).sum(), x)
+    for b in range(4):
+        real, length = mask[b], int(mask[b].sum())
+        if length == 0:
+            assert not out[b].any() and not grad[b].any()
+            continue
+        xr = x.detach()[b, real].unsqueeze(0).requires_grad_()
+        want = op.topk_membership(xr, [min(K, length)])[:, 0] if fn == "topk_membership" else \
+            (op(xr) if fn == "forward" else getattr(op, fn)(xr))
+        if fn == "forward":
+            got, gb = out[b][:length][:, real], g[b][:length][:, real]
+        elif fn == "soft_sort":
+            got, gb = out[b, :length], g[b, :length]
+        else:
+            got, gb = out[b, real], g[b, real]
+        torch.testing.assert_close(got.unsqueeze(0), want, rtol=0, atol=1e-12)
+        want_grad = torch.autograd.grad((want * gb).sum(), xr)[0] if want.requires_grad else torch.zeros_like(xr)
+        torch.testing.assert_close(grad[b, real].unsqueeze(0), want_grad, rtol=0, atol=1e-12)
+        assert not grad[b, ~real].any()
+
+
+def test_operator_mask_is_checked():
+    op = load("softsort")
+    with pytest.raises(ValueError, match="mask must be a bool tensor of the scores' shape"):
+        op.soft_rank(torch.randn(2, 5), mask=torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="adds a samples dimension"):
+        load("neuralsort_stochastic", samples=3).soft_rank(torch.randn(2, 5), mask=torch.ones(2, 5, dtype=torch.bool))

@@ -42,7 +42,9 @@ import torch
 from torch import Tensor, nn
 from torch._C import _functorch
 
+from diffrank._padding import per_length
 from diffrank.operators.backend import guarded_call
+from diffrank.operators.gumbel import GumbelSampling
 from diffrank.operators.memory import check_dense
 
 PERMUTATION = "permutation"
@@ -416,6 +418,15 @@ def constant(make):
         return make()
 
 
+def _ks_for(ks, idx: Tensor, length: int):
+    """The ks of the sets ``idx`` capped at their length L: a list, a (M,) tensor, or the rows ``idx`` of a per-set
+    (B, M) tensor (LapSum's)."""
+    if isinstance(ks, Tensor):
+        rows = ks[idx.to(ks.device)] if ks.dim() == 2 else ks
+        return rows.clamp(max=length)
+    return [min(k, length) for k in ks]
+
+
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype a computation runs in: float32 for float16 / bfloat16, else ``dtype`` itself."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
@@ -516,7 +527,8 @@ class RankingOperator(nn.Module):
         self.beta = check_beta(beta, learnable=self.learnable_beta, owner=type(self).__name__)
 
     # -- the public methods (template: validate, check the capability, compute, cast back) ------------
-    def forward(self, scores: Tensor, k: int | None = None, checks: Sequence[Check] = ()) -> Tensor:
+    def forward(self, scores: Tensor, k: int | None = None, checks: Sequence[Check] = (),
+                mask: Tensor | None = None) -> Tensor:
         """Relaxed permutation matrix P (rows = ranks, rank 1 = largest; columns = items).
 
         Args:
@@ -524,6 +536,10 @@ class RankingOperator(nn.Module):
             k: ``None`` for the full ``n x n`` matrix, else only the top ``k`` rows (an integer).
             checks: a caller's pending ``(ok, error)`` checks (a loss's label checks), read in the same single
                 host synchronisation as the operator's own.
+            mask: ``(B, n)`` bool, True = a real item, or None: each set is computed on its real items only, in their
+                order, exactly as the same set unpadded (:mod:`diffrank._padding`: one host read of the lengths, one
+                call per distinct length); padded items get zero columns and no gradient, the rows past a set's L real
+                items are zero (k > L: L rows). Not with ``samples`` > 1.
 
         Returns:
             ``P`` of shape ``(B, n, n)`` or ``(B, k, n)``, dtype of ``scores``; each row sums to 1.
@@ -535,6 +551,9 @@ class RankingOperator(nn.Module):
         """
         n = self._check_call(PERMUTATION, "forward", scores)
         k = None if k is None else check_k(k, n)
+        if mask is not None:
+            return self._masked(scores, mask, checks, "matrix", (n if k is None else k, n), lambda c, _: self.forward(
+                c, None if k is None else min(k, c.shape[-1])))
         self._check_memory(PERMUTATION, "forward", scores, k)
         if scores.shape[0] == 0:
             raise_failed([*checks, *self.beta_checks()])
@@ -542,13 +561,18 @@ class RankingOperator(nn.Module):
         x = self._compute_input(scores, checks)
         return _cast(guarded_call(self, self._permutation, x, k), scores.dtype)
 
-    def topk_membership(self, scores: Tensor, ks: Sequence[int], checks: Sequence[Check] = ()) -> Tensor:
+    def topk_membership(self, scores: Tensor, ks: Sequence[int], checks: Sequence[Check] = (),
+                        mask: Tensor | None = None) -> Tensor:
         """Probability that item j is among the top k, for each k in ``ks``.
 
         Args:
             scores: ``(B, n)`` floating tensor.
             ks: non-empty sequence of ints in ``[1, n]`` (an operator may accept more, e.g. LapSum's real k).
             checks: a caller's pending checks, read with the operator's own (see :meth:`forward`).
+            mask: ``(B, n)`` bool, True = a real item, or None: each set is computed on its real items only, in their
+                order, exactly as the same set unpadded (:mod:`diffrank._padding`: one host read of the lengths, one
+                call per distinct length); padded items get membership 0 and no gradient; a set with L < k real items
+                uses k = L. Not with ``samples`` > 1.
 
         Returns:
             ``(B, len(ks), n)``, dtype of ``scores``.
@@ -559,6 +583,10 @@ class RankingOperator(nn.Module):
         """
         n = self._check_call(TOPK_MEMBERSHIP, "topk_membership", scores)
         ks, own = self._check_ks(ks, n, scores)
+        if mask is not None:
+            m = ks.shape[-1] if isinstance(ks, Tensor) else len(ks)
+            return self._masked(scores, mask, [*own, *checks], "item", (m, n),
+                                lambda c, idx: self.topk_membership(c, _ks_for(ks, idx, c.shape[-1])))
         self._check_memory(TOPK_MEMBERSHIP, "topk_membership", scores, ks)
         checks = [*own, *checks]
         if scores.shape[0] == 0:
@@ -569,12 +597,16 @@ class RankingOperator(nn.Module):
                                                                                                     scores))
         return _cast(guarded_call(self, self._topk_membership, x, ks), scores.dtype)
 
-    def soft_sort(self, scores: Tensor, checks: Sequence[Check] = ()) -> Tensor:
+    def soft_sort(self, scores: Tensor, checks: Sequence[Check] = (), mask: Tensor | None = None) -> Tensor:
         """Soft-sorted scores in descending order (``P @ s`` for a P-providing operator).
 
         Args:
             scores: ``(B, n)`` floating tensor.
             checks: a caller's pending checks, read with the operator's own (see :meth:`forward`).
+            mask: ``(B, n)`` bool, True = a real item, or None: each set is computed on its real items only, in their
+                order, exactly as the same set unpadded (:mod:`diffrank._padding`: one host read of the lengths, one
+                call per distinct length); padded items get no place: a set's L sorted values fill the first L places, 0
+                the rest and no gradient. Not with ``samples`` > 1.
 
         Returns:
             ``(B, n)`` of the dtype of ``scores``.
@@ -583,14 +615,19 @@ class RankingOperator(nn.Module):
             ValueError / TypeError: bad scores, or an operator without ``"soft_sort"``.
             DenseMemoryError: rows of P that would not fit in memory (:mod:`diffrank.operators.memory`).
         """
+        if mask is not None:
+            return self._masked(scores, mask, checks, "position", scores.shape[-1:], lambda c, _: self.soft_sort(c))
         return self._per_item(SOFT_SORT, "soft_sort", scores, self._soft_sort, checks)
 
-    def soft_rank(self, scores: Tensor, checks: Sequence[Check] = ()) -> Tensor:
+    def soft_rank(self, scores: Tensor, checks: Sequence[Check] = (), mask: Tensor | None = None) -> Tensor:
         """Soft ranks (1 = largest); for a P-providing operator the expected rank ``Σ_r r · P[r, j]``.
 
         Args:
             scores: ``(B, n)`` floating tensor.
             checks: a caller's pending checks, read with the operator's own (see :meth:`forward`).
+            mask: ``(B, n)`` bool, True = a real item, or None: each set is computed on its real items only, in their
+                order, exactly as the same set unpadded (:mod:`diffrank._padding`: one host read of the lengths, one
+                call per distinct length); padded items get rank 0 and no gradient. Not with ``samples`` > 1.
 
         Returns:
             ``(B, n)`` of the dtype of ``scores``, summing to n(n + 1)/2; values in ``[1, n]`` unless P is only
@@ -600,7 +637,27 @@ class RankingOperator(nn.Module):
             ValueError / TypeError: bad scores, or an operator without ``"soft_rank"``.
             DenseMemoryError: rows of P that would not fit in memory (:mod:`diffrank.operators.memory`).
         """
+        if mask is not None:
+            return self._masked(scores, mask, checks, "item", scores.shape[-1:], lambda c, _: self.soft_rank(c))
         return self._per_item(SOFT_RANK, "soft_rank", scores, self._soft_rank, checks)
+
+    def _masked(self, scores: Tensor, mask: Tensor, checks: Sequence[Check], kind: str, tail: tuple[int, ...],
+                call: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+        """A public method on the real items of each set (:func:`diffrank._padding.per_length`): ``call(compact
+        (b, L), idx (b,))`` is the method on the sets ``idx``; the caller's checks are read first.
+
+        Raises:
+            ValueError: a mask that is not a bool tensor of the scores' shape, or an operator with ``samples`` > 1.
+        """
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != scores.shape:
+            raise ValueError(f"mask must be a bool tensor of the scores' shape {tuple(scores.shape)} (True = a real "
+                             f"item), got {getattr(mask, 'dtype', type(mask).__name__)} "
+                             f"{tuple(getattr(mask, 'shape', ()))}")
+        if isinstance(self, GumbelSampling) and self.samples != 1:
+            raise ValueError(f"{type(self).__name__}(samples={self.samples}) adds a samples dimension, which mask= "
+                             "does not place back; call with samples=1 or without mask")
+        raise_failed(list(checks))
+        return per_length(scores, mask.to(scores.device), call, kind, tuple(tail))
 
     def _per_item(self, capability: str, method: str, scores: Tensor, hook, checks: Sequence[Check] = ()) -> Tensor:
         """The template of the one-value-per-item methods (``soft_sort``, ``soft_rank``): ``(B, n)``."""
