@@ -69,8 +69,8 @@ def _place(res: Tensor, pos: Tensor, kind: str, tail: tuple[int, ...], fill: flo
     return full
 
 
-def per_length(rows: Tensor, real: Tensor, fn: Callable[[Tensor, Tensor], Tensor], kind: str,
-               tail: tuple[int, ...], fill: float = 0.0) -> Tensor:
+def per_length(rows: Tensor, real: Tensor, fn: Callable[..., Tensor], kind: str, tail: tuple[int, ...],
+               fill: float = 0.0, *others: Tensor) -> Tensor:
     """``fn`` on the real items of each set, grouped by length, placed back as ``kind`` says.
 
     Args:
@@ -82,18 +82,21 @@ def per_length(rows: Tensor, real: Tensor, fn: Callable[[Tensor, Tensor], Tensor
         kind: ``"item"``, ``"position"`` or ``"matrix"`` (:func:`_place`).
         tail: the shape of one set's full result, e.g. ``(n,)``, ``(M, n)``, ``(m, n)``, ``(k,)``.
         fill: the value of padded items / positions and of a set without real items.
+        *others: ``(B, n)`` tensors taken along (a loss's targets): ``fn(compact, idx, *others_compact)`` gets their
+            entries at the same items.
 
     Returns:
         ``(B, *tail)`` of ``rows``' dtype; padded entries ``fill`` with zero gradient.
     """
     counts = real.sum(-1)
     order = real.to(torch.uint8).argsort(dim=-1, descending=True, stable=True)  # the real items first, in order
-    out = rows.new_full((rows.shape[0], *tail), fill)
+    # attached to the graph of rows even when no set has a real item (a backward then gives zeros, not an error)
+    out = rows.new_full((rows.shape[0], *tail), fill) + rows.reshape(-1)[:0].sum()
     for length in sorted(set(counts.tolist())):  # one host read
         if length == 0:
             continue
         idx = (counts == length).nonzero().squeeze(-1)
         pos = order[idx, :length]
-        res = fn(rows[idx].gather(1, pos), idx)
+        res = fn(rows[idx].gather(1, pos), idx, *(o[idx].gather(1, pos) for o in others))
         out = out.index_put((idx,), _place(res.to(rows.dtype), pos, kind, tail, fill))
     return out

@@ -41,6 +41,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from diffrank._padding import per_length
 from diffrank.metrics import EMPTY, average_ranks, check_gain, check_mask, check_policy, discounts, gains
 from diffrank.operators.base import PERMUTATION, SOFT_RANK, check_int, compute_dtype, raise_failed, require
 from diffrank.operators.fast_soft_sort import FastSoftSort
@@ -504,21 +505,11 @@ def _prepare(scores: Tensor, target: Tensor, mask: Tensor | None, reduction: str
 
 
 def _per_list(rows: Callable[[Tensor, Tensor], Tensor], s: Tensor, t: Tensor, m: Tensor | None) -> Tensor:
-    """``rows`` ((b, c) scores, (b, c) targets -> (b,) losses) on the real items of each list: ``(B,)``, 0 for a
-    list without a real item."""
+    """``rows`` ((b, c) scores, (b, c) targets -> (b,) losses) on the real items of each list
+    (:func:`diffrank._padding.per_length`): ``(B,)``, 0 for a list without a real item."""
     if m is None:
         return rows(s, t)
-    lengths = m.sum(-1).tolist()  # one host read: the lengths decide the calls
-    # the real items first, in their order (a stable sort), so that a list's first c items are its real ones and
-    # the computation sees exactly the unpadded list
-    idx = torch.argsort((~m).to(torch.uint8), dim=-1, stable=True)
-    sg, tg = s.gather(-1, idx), t.gather(-1, idx)
-    # zero, yet attached to the graph of s even when every list is empty (a backward through it then gives zeros)
-    out = s.new_zeros(s.shape[0]) + s.reshape(-1)[:0].sum()
-    for c in sorted(set(lengths) - {0}):
-        which = torch.tensor([i for i, length in enumerate(lengths) if length == c], device=s.device)
-        out = out.index_put((which,), rows(sg[which, :c], tg[which, :c]))
-    return out
+    return per_length(s, m, lambda c, _, tc: rows(c, tc).unsqueeze(-1), "position", (1,), 0.0, t)[:, 0]
 
 
 def _reduce(per_list: Tensor, m: Tensor | None, reduction: str, shape: torch.Size) -> Tensor:
