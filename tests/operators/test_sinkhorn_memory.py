@@ -18,6 +18,20 @@ from diffrank.operators.sinkhorn import SinkhornSort
 from diffrank.operators.soft_topk import SoftTopK
 
 
+@pytest.fixture(autouse=True)
+def recompute_small_problems(monkeypatch):
+    """The recomputing backward at the small sizes of these tests (by default it starts where the unrolled graph could
+    exceed 1 GiB or a plan has 2^20 entries: test_the_size_rule)."""
+    monkeypatch.setattr(ls, "UNROLLED_MAX_BYTES", 0)
+
+
+def test_the_size_rule(monkeypatch):
+    monkeypatch.setattr(ls, "UNROLLED_MAX_BYTES", 1 << 30)
+    small, large = torch.zeros(100, 16, 16), torch.zeros(16, 500, 500)
+    assert not ls._unrolled_too_large(small, 2000)  # 4 x 100 KiB x 2000 < 1 GiB: the faster unrolled loop
+    assert ls._unrolled_too_large(small, 20_000) and ls._unrolled_too_large(large, 20)
+
+
 @pytest.fixture
 def unrolled(monkeypatch):
     """A context in which log_sinkhorn differentiates the unrolled loop (the reference), and the count of calls

@@ -184,10 +184,11 @@ def log_sinkhorn(cost: Tensor, log_mu: Tensor, log_nu: Tensor, epsilon: float | 
 def _solve(cost: Tensor, log_mu: Tensor, log_nu: Tensor, epsilon: float | Tensor, schedule: SinkhornSchedule,
            cost_scale: float | None) -> tuple[Tensor, int, float]:
     """The PyTorch path of :func:`log_sinkhorn`: through :class:`_RecomputedSinkhorn` when plain eager autograd
-    will differentiate it (its backward holds a constant number of ``(R, n, m)`` buffers), else the loop itself
+    will differentiate it (its backward holds a constant number of ``(R, n, m)`` buffers) and the unrolled graph
+    could be large (:func:`_unrolled_too_large`), else the loop itself
     (no graph to record; or a ``torch.func`` transform, forward-mode AD or ``torch.compile`` tracing, which
     differentiate the iterations themselves)."""
-    if _recomputes(cost, log_mu, log_nu, epsilon):
+    if _recomputes(cost, log_mu, log_nu, epsilon) and _unrolled_too_large(cost, schedule.max_iter):
         record = _Record(_stride(schedule.max_iter))
         log_t = _RecomputedSinkhorn.apply(cost, log_mu, log_nu, epsilon, schedule, cost_scale, record)
         return log_t, record.iterations, record.error
@@ -201,6 +202,21 @@ def _recomputes(*inputs: Tensor | float) -> bool:
     return (torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in inputs)
             and not torch.compiler.is_compiling() and _functorch.peek_interpreter_stack() is None
             and forward_ad._current_level < 0)
+
+
+#: the recomputing backward runs once the unrolled loop could keep this many bytes (about four (R, n, m) tensors
+#: per iteration, at ``max_iter`` iterations) or one (R, n, m) tensor holds this many elements; below both, the
+#: unrolled loop's backward, which is faster on small sets (the recomputation's reverse sweep costs about 1.4x,
+#: mostly per-iteration overhead), keeps at most that many bytes
+UNROLLED_MAX_BYTES = 1 << 30
+RECOMPUTED_MIN_ELEMENTS = 1 << 20
+
+
+def _unrolled_too_large(cost: Tensor, max_iter: int) -> bool:
+    """Whether the unrolled loop's graph could exceed :data:`UNROLLED_MAX_BYTES`, or one plan has at least
+    :data:`RECOMPUTED_MIN_ELEMENTS` entries (then memory, not overhead, decides)."""
+    return (cost.numel() >= RECOMPUTED_MIN_ELEMENTS
+            or 4 * cost.numel() * cost.element_size() * max_iter > UNROLLED_MAX_BYTES)
 
 
 def _stride(max_iter: int) -> int:
