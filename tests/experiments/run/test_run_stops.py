@@ -249,7 +249,9 @@ def test_sighup_ends_a_real_run_with_its_record(tmp_path):
     (here twice, 50 ms apart) → exit status 129 (not a death by SIGHUP), results.json interrupted with the resume
     command, no traceback; the folder's lock is held from the moment Hydra wrote .hydra/ to the end."""
     out = tmp_path / "x"
-    cmd = [sys.executable, "train.py", "trainer.max_epochs=30", "data.n_train=128", "data.n_val=64", "data.n_test=64",
+    # 3000 epochs: the signal stops the run long before; with 30 the fit (about 0.3 s an epoch) could end before a
+    # starved test process sent it (exit 0 in the full suite), a race of the test and not of the run
+    cmd = [sys.executable, "train.py", "trainer.max_epochs=3000", "data.n_train=128", "data.n_val=64", "data.n_test=64",
            "data.batch_size=64", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
            "~logger", "extras.print_config=false", "~callbacks.run_time_estimate", "~callbacks.throughput",
            f"hydra.run.dir={out}"]
