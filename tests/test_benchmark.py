@@ -19,6 +19,7 @@ def _rows(path):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow  # ~21 s; the other suites' dry runs stay in the default suite
 def test_grid_smoke_run_writes_csv_and_png(tmp_path):
     out_csv, out_png = tmp_path / "g.csv", tmp_path / "g.png"
     benchmark.main(["--suite", "grid", "--quick", "--operators", "softsort", "fast_soft_sort",

@@ -439,6 +439,7 @@ def test_planted_broken_command_fails(tmp_path):
         evaluate(block)
 
 
+@pytest.mark.slow  # ~33 s: the harness's own check; every compose block of the docs runs in the default suite
 def test_planted_broken_compose_block_fails(tmp_path):
     """A compose-checked block fails on a broken override in one job of a multirun, on an unknown key of a single
     run and on an unknown module, and passes when its commands are right."""

@@ -132,6 +132,7 @@ def test_cuda_matches_pytorch(n):
     _close(a32, a_ref.float(), torch.float32)
 
 
+@pytest.mark.slow  # ~15 s under the Triton interpreter; tests/test_torch_func.py covers soft_topk's PyTorch path
 def test_torch_func_and_second_derivatives_match_pytorch():
     """vmap (folded into the batch), jacrev and the recorded backward (torch ops on A: exact second derivatives) of
     the fused Newton Function equal the PyTorch path's."""
