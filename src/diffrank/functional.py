@@ -178,6 +178,7 @@ def _real(x: Tensor, rows: Tensor, batch: tuple[int, ...], dim: int, mask: Tenso
           lengths: Tensor | None) -> Tensor | None:
     """The ``(B, n)`` real items of ``x`` from ``mask`` / ``lengths`` (:func:`diffrank._padding.real_items`)."""
     def moved(m: Tensor) -> Tensor:
+        """``mask`` (x's shape) as the scores were moved: ``(B, n)``; a mask of another shape raises ValueError."""
         if tuple(m.shape) != tuple(x.shape):
             raise ValueError(f"mask's shape must be x's {tuple(x.shape)}, got {tuple(m.shape)}")
         return m.movedim(dim, -1).reshape(rows.shape)
@@ -562,12 +563,19 @@ def soft_argsort(x: Tensor, *, method: str | RankingOperator, beta: float | Tens
     op = _operator(method, beta, options)
     rows, batch, dim = _rows(x, dim)
     real = _real(x, rows, batch, dim, mask, lengths)
-    if real is None:
-        p = _rows_of_p(op, rows, None, descending, hard)
-    else:
-        p = per_length(rows, real, lambda c, _: _rows_of_p(op, c, None, descending, hard), "matrix",
-                       rows.shape[-1:] * 2)
+    p = _rows_of_p_per_set(op, rows, real, None, descending, hard)
     return _restore(_expected_index(p, real), batch, dim)
+
+
+def _rows_of_p_per_set(op: RankingOperator, rows: Tensor, real: Tensor | None, k: int | None, descending: bool,
+                       hard: bool) -> Tensor:
+    """:func:`_rows_of_p` ``(B, k or n, n)``, of each set's real items when ``real`` ``(B, n)`` is given (k capped at a
+    set's L; its other rows and columns 0)."""
+    if real is None:
+        return _rows_of_p(op, rows, k, descending, hard)
+    n = rows.shape[-1]
+    return per_length(rows, real, lambda c, _: _rows_of_p(op, c, None if k is None else min(k, c.shape[-1]),
+                                                         descending, hard), "matrix", (n if k is None else k, n))
 
 
 def _expected_index(p: Tensor, real: Tensor | None) -> Tensor:
@@ -619,11 +627,7 @@ def soft_topk_indices(x: Tensor, k: int, *, method: str | RankingOperator, beta:
     op = _operator(method, beta, options)
     rows, batch, dim = _rows(x, dim)
     real = _real(x, rows, batch, dim, mask, lengths)
-    if real is None:
-        p = _rows_of_p(op, rows, k, True, hard)
-    else:
-        p = per_length(rows, real, lambda c, _: _rows_of_p(op, c, min(k, c.shape[-1]), True, hard), "matrix",
-                       (k, rows.shape[-1]))
+    p = _rows_of_p_per_set(op, rows, real, k, True, hard)
     return SoftTopkIndices(_restore(_expected_index(p, real), batch, dim), p.reshape(*batch, *p.shape[-2:]))
 
 

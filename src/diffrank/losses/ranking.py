@@ -146,6 +146,7 @@ def approx_ndcg_loss(scores: Tensor, relevance: Tensor, k: int | None = None, ma
     s, r, m, shape = _prepare(scores, relevance, mask, reduction, nonnegative=True)
 
     def rows(x: Tensor, rel: Tensor) -> Tensor:
+        """The loss of each list ``(b,)`` from its real items: scores ``x`` ``(b, c)`` and targets ``(b, c)``."""
         n = x.shape[-1]
         ranks = rank_fn(x).clamp_min(1.0)
         g = gains(rel, gain)
@@ -211,6 +212,7 @@ def neural_ndcg_loss(scores: Tensor, relevance: Tensor, k: int | None = None, ma
     s, r, m, shape = _prepare(scores, relevance, mask, reduction, nonnegative=True)
 
     def rows(x: Tensor, rel: Tensor) -> Tensor:
+        """The loss of each list ``(b,)`` from its real items: scores ``x`` ``(b, c)`` and targets ``(b, c)``."""
         n = x.shape[-1]
         top = n if k is None else min(k, n)
         full = transposed or iterations > 0
@@ -280,6 +282,7 @@ def smooth_ap_loss(scores: Tensor, relevance: Tensor, mask: Tensor | None = None
     s, r, m, shape = _prepare(scores, relevance, mask, reduction, nonnegative=True)
 
     def rows(x: Tensor, rel: Tensor) -> Tensor:
+        """The loss of each list ``(b,)`` from its real items: scores ``x`` ``(b, c)`` and targets ``(b, c)``."""
         relevant = (rel > 0).to(x.dtype)
         above = torch.sigmoid(beta * (x.unsqueeze(-2) - x.unsqueeze(-1)))  # [i, j]: σ(β (s_j − s_i))
         above = above * (1.0 - torch.eye(x.shape[-1], dtype=x.dtype, device=x.device))
@@ -313,6 +316,7 @@ def listnet_loss(scores: Tensor, relevance: Tensor, mask: Tensor | None = None, 
     s, r, m, shape = _prepare(scores, relevance, mask, reduction, nonnegative=False)
 
     def rows(x: Tensor, rel: Tensor) -> Tensor:
+        """The loss of each list ``(b,)`` from its real items: scores ``x`` ``(b, c)`` and targets ``(b, c)``."""
         return -(torch.softmax(rel, -1) * torch.log_softmax(x, -1)).sum(-1)
 
     return _reduce(_per_list(rows, s, r, m), m, reduction, shape)
@@ -346,6 +350,7 @@ def listmle_loss(scores: Tensor, relevance: Tensor, k: int | None = None, mask: 
     s, r, m, shape = _prepare(scores, relevance, mask, reduction, nonnegative=False)
 
     def rows(x: Tensor, rel: Tensor) -> Tensor:
+        """The loss of each list ``(b,)`` from its real items: scores ``x`` ``(b, c)`` and targets ``(b, c)``."""
         order = torch.argsort(rel, dim=-1, descending=True, stable=True)
         xs = x.gather(-1, order)
         terms = xs.flip(-1).logcumsumexp(-1).flip(-1) - xs
@@ -394,6 +399,7 @@ def soft_spearman_loss(pred: Tensor, target: Tensor, mask: Tensor | None = None,
     s, t, m, shape = _prepare(pred, target, mask, reduction, nonnegative=False, names=("pred", "target"))
 
     def rows(x: Tensor, y: Tensor) -> Tensor:
+        """The loss of each list ``(b,)`` from its real items: scores ``x`` ``(b, c)`` and targets ``(b, c)``."""
         rx = rank_fn(x)
         ry = rank_fn(y) if soft_target else average_ranks(y.detach())
         cx, cy = rx - rx.mean(-1, keepdim=True), ry - ry.mean(-1, keepdim=True)
@@ -439,6 +445,8 @@ def _permutation_function(operator, user: str) -> Callable[[Tensor, int | None],
                         f"got {type(operator).__name__}")
 
     def call(x: Tensor, k: int | None) -> Tensor:
+        """P ``(B, n, n)`` of scores ``x`` ``(B, n)`` from a function operator (``k`` unused: all rows); ValueError on
+        another shape."""
         p = operator(x)
         if not isinstance(p, Tensor) or p.shape != (*x.shape, x.shape[-1]):
             got = tuple(p.shape) if isinstance(p, Tensor) else type(p).__name__

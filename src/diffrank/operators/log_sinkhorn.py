@@ -340,6 +340,7 @@ def _recorded_vjp(cost: Tensor, log_mu: Tensor, log_nu: Tensor, epsilon: Tensor 
     primals = (cost, log_mu, log_nu, epsilon) if ctx.tensor_eps else (cost, log_mu, log_nu)
 
     def unrolled(c, lm, ln, *eps):
+        """log Γ of the unrolled iterations (differentiable operations), for the recorded backward's VJP."""
         return _loop(c, lm, ln, eps[0] if eps else epsilon, schedule, ctx.cost_scale)[0]
 
     grads = torch.func.vjp(unrolled, *primals)[1](grad)
@@ -354,7 +355,8 @@ def _recomputed_vjp(cost: Tensor, log_mu: Tensor, log_nu: Tensor, epsilon: Tenso
     value = float(epsilon) if ctx.tensor_eps else epsilon
     T, s, scaling, schedule = ctx.iterations, ctx.stride, ctx.scaling, ctx.schedule
 
-    def eps_at(t: int) -> Tensor | float:  # ε of iteration t (0-based), as in _loop
+    def eps_at(t: int) -> Tensor | float:
+        """ε of iteration ``t`` (0-based), as in :func:`_loop`."""
         return epsilon if t >= scaling else _epsilon_at(t, start, scaling, value, schedule)
 
     lmu, lnu = log_mu.unsqueeze(-1), log_nu.unsqueeze(-2)
